@@ -1,0 +1,91 @@
+"""Typed configuration: dataclasses with defaults written once, YAML recipes, dotted overrides.
+
+    cfg = load_config(RunConfig, "recipes/quickstart.yaml", ["rollout.group_size=8"])
+
+Components carry their own ``Config`` dataclass; a recipe is a YAML file (or a Python
+function) whose keys mirror those dataclasses. omegaconf does the merging and type checking;
+this module turns its errors into ``ConfigError``s that name the bad key, what was expected
+and the closest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from agentrl.errors import ConfigError
+
+C = TypeVar("C")
+
+
+def _valid_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(cls):
+        full = f"{prefix}{f.name}"
+        keys.append(full)
+        t = f.type if isinstance(f.type, type) else None
+        if t is not None and dataclasses.is_dataclass(t):
+            keys.extend(_valid_keys(t, full + "."))
+    return keys
+
+
+def _explain(cls: type, err: OmegaConfBaseException, source: str) -> ConfigError:
+    key = getattr(err, "full_key", None) or ""
+    if isinstance(err, ConfigAttributeError | ConfigKeyError):
+        close = difflib.get_close_matches(key, _valid_keys(cls), n=3, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        return ConfigError(f"unknown config key {key!r} in {source}.{hint}")
+    if isinstance(err, ValidationError):
+        msg = str(err).splitlines()[0]
+        return ConfigError(f"bad value for config key {key!r} in {source}: {msg}")
+    return ConfigError(f"invalid config in {source}: {err}")
+
+
+def load_config(
+    cls: type[C],
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> C:
+    """Build ``cls`` from its defaults, then ``base``, then a YAML file, then ``key=value`` overrides."""
+    schema = OmegaConf.structured(cls)
+    layers: list[tuple[str, Any]] = []
+    if base:
+        layers.append(("base", OmegaConf.create(base)))
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"recipe file {str(p)!r} does not exist")
+        layers.append((str(p), OmegaConf.load(p)))
+    for o in overrides or []:
+        if "=" not in o:
+            raise ConfigError(f"override {o!r} must look like key=value, e.g. rollout.group_size=8")
+        layers.append((f"override {o!r}", OmegaConf.from_dotlist([o])))
+    merged = schema
+    for source, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as e:
+            raise _explain(cls, e, source) from None
+    try:
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise _explain(cls, e, "the merged config") from None
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj  # type: ignore[return-value]
+
+
+def to_yaml(cfg: Any) -> str:
+    """Render a config dataclass as YAML (saved next to every run for reproducibility)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]

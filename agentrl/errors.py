@@ -1,0 +1,113 @@
+"""The agentrl exception tree. Every error agentrl raises on purpose is one of these.
+
+    AgentRLError
+    ├── ConfigError                 a bad recipe, override or argument; names the key and the fix
+    ├── RegistryError
+    │   ├── UnknownIdError          no such id (says "did you mean ...")
+    │   │   └── UnknownEnvError
+    │   └── DuplicateIdError        an id registered twice
+    ├── EnvError                    an env failed to reset/step  -> RolloutStatus.ERROR_ENV
+    ├── ToolError                   a tool failed               -> an error observation
+    │   └── ToolCallParseError      the model's tool call could not be parsed
+    ├── SandboxError                a sandbox failed            -> RolloutStatus.ERROR_SANDBOX
+    ├── InferenceError              a server failed or refused  -> RolloutStatus.ERROR_INFERENCE
+    │   ├── ServerUnavailableError  no healthy server left to try
+    │   └── AbortedError            the request was aborted (pause / partial rollout)
+    ├── RewardError                 a reward function failed    -> RolloutStatus.ERROR_REWARD
+    ├── TokenizationError           a chat template broke the token ledger's assumptions
+    └── TrainingError               a worker or engine failed during training
+        └── WorkerDiedError
+
+Failures inside a rollout become a ``RolloutStatus``; these exceptions are how the parts
+report them to the AgentLoop machinery, which turns them into values.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class AgentRLError(Exception):
+    """Base class of every error agentrl raises on purpose."""
+
+
+class ConfigError(AgentRLError, ValueError):
+    """A bad recipe, override or argument."""
+
+
+class RegistryError(AgentRLError):
+    pass
+
+
+class UnknownIdError(RegistryError, KeyError):
+    """An id that is not registered. The message suggests close matches."""
+
+    def __init__(self, kind: str, key: str, known: Iterable[str], hint: str = "") -> None:
+        known = sorted(known)
+        close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+        msg = f"no {kind} {key!r}."
+        if close:
+            msg += " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+        elif known:
+            msg += f" Known: {', '.join(known[:20])}{' ...' if len(known) > 20 else ''}."
+        if hint:
+            msg += f" {hint}"
+        super().__init__(msg)
+        self.key = key
+        self.suggestions = close
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0])
+
+
+class UnknownEnvError(UnknownIdError):
+    pass
+
+
+class DuplicateIdError(RegistryError, ValueError):
+    pass
+
+
+class EnvError(AgentRLError):
+    pass
+
+
+class ToolError(AgentRLError):
+    pass
+
+
+class ToolCallParseError(ToolError):
+    pass
+
+
+class SandboxError(AgentRLError):
+    pass
+
+
+class InferenceError(AgentRLError):
+    pass
+
+
+class ServerUnavailableError(InferenceError):
+    pass
+
+
+class AbortedError(InferenceError):
+    pass
+
+
+class RewardError(AgentRLError):
+    pass
+
+
+class TokenizationError(AgentRLError):
+    pass
+
+
+class TrainingError(AgentRLError):
+    pass
+
+
+class WorkerDiedError(TrainingError):
+    pass
