@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,11 +26,15 @@ C = TypeVar("C")
 
 def _valid_keys(cls: type, prefix: str = "") -> list[str]:
     keys = []
-    for f in dataclasses.fields(cls):
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # unresolvable forward references: fall back to the raw annotations
+        hints = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         full = f"{prefix}{f.name}"
         keys.append(full)
-        t = f.type if isinstance(f.type, type) else None
-        if t is not None and dataclasses.is_dataclass(t):
+        t = hints.get(f.name, f.type)
+        if isinstance(t, type) and dataclasses.is_dataclass(t):
             keys.extend(_valid_keys(t, full + "."))
     return keys
 
