@@ -7,6 +7,7 @@
     │   │   └── UnknownEnvError
     │   └── DuplicateIdError        an id registered twice
     ├── EnvError                    an env failed to reset/step  -> RolloutStatus.ERROR_ENV
+    │   └── EnvCheckError           an env failed the env checker (agentrl/env_checker.py)
     ├── ToolError                   a tool failed               -> an error observation
     │   └── ToolCallParseError      the model's tool call could not be parsed
     ├── SandboxError                a sandbox failed            -> RolloutStatus.ERROR_SANDBOX
@@ -16,7 +17,9 @@
     ├── RewardError                 a reward function failed    -> RolloutStatus.ERROR_REWARD
     ├── TokenizationError           a chat template broke the token ledger's assumptions
     └── TrainingError               a worker or engine failed during training
-        └── WorkerDiedError
+        ├── WorkerDiedError         a Ray worker process died (names the rank and method)
+        ├── WorkerTimeoutError      a worker call did not finish within its timeout
+        └── ResourceUnavailableError  a placement group could not be reserved in time
 
 Failures inside a rollout become a ``RolloutStatus``; these exceptions are how the parts
 report them to the AgentLoop machinery, which turns them into values.
@@ -73,6 +76,10 @@ class EnvError(AgentRLError):
     pass
 
 
+class EnvCheckError(EnvError):
+    """An env failed ``agentrl.env_checker.check_env``; the message lists the failed checks."""
+
+
 class ToolError(AgentRLError):
     pass
 
@@ -110,4 +117,12 @@ class TrainingError(AgentRLError):
 
 
 class WorkerDiedError(TrainingError):
+    pass
+
+
+class WorkerTimeoutError(TrainingError):
+    pass
+
+
+class ResourceUnavailableError(TrainingError):
     pass

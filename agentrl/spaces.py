@@ -139,7 +139,9 @@ class MessagesSpace(gym.spaces.Space[Any]):
         call_id = f"call_{int(self.np_random.integers(2**31)):08x}"
         args = {"input": self._text()}
         return Message(
-            role="assistant", content="", tool_calls=(ToolCall(name=name, arguments=args, id=call_id),)
+            role="assistant",
+            content="",
+            tool_calls=(ToolCall(name=name, arguments=args, id=call_id),),
         )
 
     def __repr__(self) -> str:
