@@ -1,0 +1,53 @@
+"""Aggregate metrics over finished trajectories (``rollout/...`` keys for the logger).
+
+    trajectories -> {"rollout/reward_mean": ..., "rollout/status/completed": 0.9, ...}
+
+Rates are fractions of trajectories; ``*_mean`` are means over trajectories. Every
+``RolloutStatus`` gets a ``rollout/status/<status>`` key (0.0 when absent) so dashboards have
+stable series.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from agentrl.types import RolloutStatus, Trajectory
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def rollout_metrics(trajectories: Iterable[Trajectory]) -> dict[str, float]:
+    """Means and rates over ``trajectories``; empty input gives zeros."""
+    ts = list(trajectories)
+    n = len(ts)
+    rewards = [t.reward for t in ts]
+    mean_r = _mean(rewards)
+    tool_calls = sum(t.metrics.get("tool_calls", 0.0) for t in ts)
+    tool_errors = sum(t.metrics.get("tool_errors", 0.0) for t in ts)
+    turns = sum(t.num_turns for t in ts)
+    out = {
+        "rollout/num_trajectories": float(n),
+        "rollout/reward_mean": mean_r,
+        "rollout/reward_std": math.sqrt(_mean([(r - mean_r) ** 2 for r in rewards])),
+        "rollout/success_rate": _mean([t.metrics.get("success", float(t.reward > 0)) for t in ts]),
+        "rollout/turns_mean": _mean([float(t.num_turns) for t in ts]),
+        "rollout/response_len_mean": _mean([float(t.num_generated_tokens) for t in ts]),
+        "rollout/seq_len_mean": _mean([float(sum(len(s) for s in t.segments)) for t in ts]),
+        "rollout/segments_mean": _mean([float(len(t.segments)) for t in ts]),
+        "rollout/tool_calls_mean": tool_calls / n if n else 0.0,
+        "rollout/tool_error_rate": tool_errors / tool_calls if tool_calls else 0.0,
+        "rollout/parse_errors_per_turn": (
+            sum(t.metrics.get("parse_errors", 0.0) for t in ts) / turns if turns else 0.0
+        ),
+        "rollout/trainable_rate": _mean([float(t.trainable) for t in ts]),
+        "rollout/llm_time_mean_s": _mean([t.llm_time_s for t in ts]),
+        "rollout/env_time_mean_s": _mean([t.env_time_s for t in ts]),
+        "rollout/wall_time_mean_s": _mean([t.wall_time_s for t in ts]),
+        "rollout/wall_time_max_s": max((t.wall_time_s for t in ts), default=0.0),
+    }
+    for status in RolloutStatus:
+        out[f"rollout/status/{status.value}"] = _mean([float(t.status is status) for t in ts])
+    return out

@@ -1,0 +1,28 @@
+"""Built-in AgentLoops, registered lazily (nothing is imported until a loop is made).
+
+    single_turn   reset -> one generate -> env.step                  (math / QA tasks)
+    tool_calling  ReAct: generate -> run tool calls with the env's ToolSet -> repeat;
+                  a reply without tool calls goes to env.step (the answer)
+    env_driver    reset -> generate -> env.step(assistant message) -> observation -> ...;
+                  the env handles tool calls itself
+
+A dataset row picks one with ``Sample.agent``; the collector's ``agent`` is the default.
+"""
+
+from agentrl.agent import register_agent
+
+register_agent(
+    "single_turn",
+    "agents.single_turn:SingleTurnAgentLoop",
+    description="One completion per episode, scored by env.step.",
+)
+register_agent(
+    "tool_calling",
+    "agents.tool_calling:ToolAgentLoop",
+    description="ReAct over the env's ToolSet; the final answer goes to env.step.",
+)
+register_agent(
+    "env_driver",
+    "agents.env_driver:EnvAgentLoop",
+    description="Drives any Env: every assistant message is an env action.",
+)
