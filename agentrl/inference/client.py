@@ -1,0 +1,315 @@
+"""The HTTP client every AgentLoop generates through: routing, failover, control, weight sync.
+
+    generate(input_ids, SamplingParams, session_id) -> pick server (sticky per session, else
+        fewest in-flight) -> POST /generate (SGLang JSON) -> Completion
+        connection error / 5xx -> mark the server down, re-pin the session, try the next one
+        -> every server failed -> ServerUnavailableError
+
+It speaks SGLang's native wire format, so the same client drives the embedded server and a
+real SGLang server. One ``httpx.AsyncClient`` pools connections for thousands of concurrent
+requests. The hot path builds and reads plain dicts (no pydantic), caches the
+``sampling_params`` dict per ``SamplingParams`` value, and keeps routing state in slotted
+objects, so agentrl adds little on top of a bare ``httpx`` POST.
+
+Outcomes: an aborted request (``/abort_request``, ``pause(mode="abort")``) is *returned* as a
+``Completion`` with ``finish_reason="abort"`` and the tokens generated so far, so a partial
+rollout can be kept or resumed; it is not raised. A 4xx (bad request) raises
+``InferenceError`` with the server's message and is not retried. A timeout counts as a failed
+server (it is retried elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+import torch
+
+from agentrl.errors import ConfigError, InferenceError, ServerUnavailableError
+from agentrl.inference.protocol import Completion, FinishReason, SamplingParams
+from agentrl.inference.weights import WeightsChecksum, safetensors_buckets
+from agentrl.inference.wire import parse_weight_version
+
+logger = logging.getLogger(__name__)
+
+_JSON = {"content-type": "application/json"}
+_OCTETS = {"content-type": "application/octet-stream"}
+
+
+class _Server:
+    __slots__ = ("down_until", "generate_url", "inflight", "url")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.generate_url = url + "/generate"
+        self.inflight = 0
+        self.down_until = 0.0
+
+
+class InferenceClient:
+    """Routes ``generate`` calls over N inference servers; implements ``Generator``.
+
+    Example::
+
+        client = InferenceClient(["http://127.0.0.1:30000", "http://127.0.0.1:30001"])
+        done = await client.generate(ids, SamplingParams(max_new_tokens=64), session_id="traj-7")
+        await client.aclose()
+    """
+
+    @dataclass(kw_only=True)
+    class Config:
+        timeout_s: float = 600.0
+        """Per-request limit (a whole generation)."""
+        connect_timeout_s: float = 5.0
+        max_connections: int = 8192
+        """Pool size shared by all servers; sized for thousands of concurrent rollouts."""
+        down_cooldown_s: float = 10.0
+        """A server that failed is skipped for new sessions this long, then tried again."""
+        max_sessions: int = 1_000_000
+        """Sticky-session table size; the oldest pins are forgotten past it."""
+        return_logprob: bool = True
+
+    def __init__(
+        self, urls: Sequence[str] | str, cfg: InferenceClient.Config | None = None
+    ) -> None:
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        if not urls:
+            raise ConfigError("InferenceClient needs at least one server url, got none.")
+        self.cfg = cfg or InferenceClient.Config()
+        self._servers = [_Server(u.rstrip("/")) for u in urls]
+        self._sessions: dict[str, _Server] = {}
+        self._sp_cache: dict[SamplingParams, dict[str, Any]] = {}
+        limits = httpx.Limits(max_connections=self.cfg.max_connections,
+                              max_keepalive_connections=self.cfg.max_connections)  # fmt: skip
+        timeout = httpx.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s)
+        self._http = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self._servers]
+
+    # ---- generate (hot path) ------------------------------------------------------------
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Completion:
+        body = json.dumps(
+            {"input_ids": input_ids, "sampling_params": self._sampling_dict(sampling),
+             "return_logprob": self.cfg.return_logprob}, separators=(",", ":"))  # fmt: skip
+        server = self._pick(session_id)
+        tried: list[_Server] | None = None  # allocated on the first failure only
+        while True:
+            server.inflight += 1
+            start = time.perf_counter()
+            try:
+                resp = await self._http.post(server.generate_url, content=body, headers=_JSON)
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code == 200:
+                    return _completion(
+                        json.loads(resp.content), server.url, time.perf_counter() - start
+                    )
+                if resp.status_code < 500:
+                    raise InferenceError(
+                        f"{server.url} refused the request ({resp.status_code}): {_message(resp)}"
+                    )
+                problem = f"HTTP {resp.status_code}: {_message(resp)}"
+            finally:
+                server.inflight -= 1
+            tried = [server] if tried is None else [*tried, server]
+            server = self._failover(server, tried, session_id, problem)
+
+    def _sampling_dict(self, s: SamplingParams) -> dict[str, Any]:
+        d = self._sp_cache.get(s)
+        if d is None:
+            d = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+                 "top_p": s.top_p, "top_k": s.top_k}  # fmt: skip
+            if s.stop_token_ids:
+                d["stop_token_ids"] = list(s.stop_token_ids)
+            if s.seed is not None:
+                d["sampling_seed"] = s.seed
+            if len(self._sp_cache) > 4096:
+                self._sp_cache.clear()
+            self._sp_cache[s] = d
+        return d
+
+    def _pick(self, session_id: str | None) -> _Server:
+        if session_id is not None:
+            pinned = self._sessions.get(session_id)
+            if pinned is not None and pinned.down_until <= time.monotonic():
+                return pinned
+        servers = self._servers
+        if len(servers) == 1:
+            best = servers[0]
+        else:
+            now = time.monotonic()
+            up = [s for s in servers if s.down_until <= now] or servers
+            best = min(up, key=_load)
+        if session_id is not None:
+            self._pin(session_id, best)
+        return best
+
+    def _pin(self, session_id: str, server: _Server) -> None:
+        sessions = self._sessions
+        if session_id not in sessions and len(sessions) >= self.cfg.max_sessions:
+            del sessions[next(iter(sessions))]
+        sessions[session_id] = server
+
+    def _failover(
+        self, failed: _Server, tried: list[_Server], session_id: str | None, problem: str
+    ) -> _Server:
+        failed.down_until = time.monotonic() + self.cfg.down_cooldown_s
+        logger.warning("inference server %s failed (%s); failing over", failed.url, problem)
+        left = [s for s in self._servers if s not in tried]
+        if not left:
+            raise ServerUnavailableError(
+                f"all {len(self._servers)} inference servers failed; last: {failed.url}: {problem}. "
+                "Check that the servers are running (GET /health) and reachable."
+            )
+        now = time.monotonic()
+        nxt = min(left, key=lambda s: (s.down_until > now, s.inflight))
+        if session_id is not None:
+            self._pin(session_id, nxt)
+        return nxt
+
+    def release(self, session_id: str) -> None:
+        """Forget a finished trajectory's pin."""
+        self._sessions.pop(session_id, None)
+
+    # ---- control --------------------------------------------------------------------------
+    async def _post_all(self, path: str, **kw: Any) -> dict[str, Any]:
+        """POST to every server concurrently; InferenceError naming each one that failed."""
+
+        async def one(s: _Server) -> Any:
+            try:
+                resp = await self._http.post(s.url + path, **kw)
+            except httpx.TransportError as exc:
+                return InferenceError(f"{s.url}{path}: {type(exc).__name__}: {exc}")
+            if resp.status_code != 200:
+                return InferenceError(f"{s.url}{path} -> {resp.status_code}: {_message(resp)}")
+            return resp.json()
+
+        out = await asyncio.gather(*(one(s) for s in self._servers))
+        errors = [str(o) for o in out if isinstance(o, Exception)]
+        if errors:
+            raise InferenceError("; ".join(errors))
+        return {s.url: o for s, o in zip(self._servers, out, strict=True)}
+
+    async def pause(self, mode: Literal["abort", "in_place", "retract"] = "abort") -> None:
+        """Stop generation on every server. ``abort`` returns in-flight requests now with
+        finish_reason "abort"; ``in_place`` keeps them waiting until ``resume()``."""
+        await self._post_all("/pause_generation", json={"mode": mode})
+
+    async def resume(self) -> None:
+        await self._post_all("/continue_generation", json={})
+
+    async def abort_all(self) -> None:
+        await self._post_all("/abort_request", json={"abort_all": True})
+
+    async def health(self, timeout_s: float = 5.0) -> dict[str, bool]:
+        async def one(s: _Server) -> bool:
+            try:
+                return (
+                    await self._http.get(s.url + "/health", timeout=timeout_s)
+                ).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        ok = await asyncio.gather(*(one(s) for s in self._servers))
+        return dict(zip(self.urls, ok, strict=True))
+
+    async def update_weights_from_disk(
+        self, path: str, version: int | None = None
+    ) -> dict[str, int]:
+        """Every server loads an HF dir; returns each server's new weight version."""
+        out = await self._post_all("/update_weights_from_disk",
+                                   json={"model_path": str(path), "weight_version": version})  # fmt: skip
+        return {u: parse_weight_version(r.get("weight_version")) for u, r in out.items()}
+
+    async def update_weights_from_tensors(
+        self,
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        version: int | None = None,
+        *,
+        bucket_bytes: int = 256 << 20,
+    ) -> dict[str, int]:
+        """Send tensors as safetensors buckets (staged), then one flush that applies them all
+        between decode steps and sets ``version`` (or bumps it). Returns each server's version."""
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        for blob in safetensors_buckets(items, bucket_bytes):
+            await self._post_all("/update_weights_from_tensor", content=blob, headers=_OCTETS,
+                                 params={"flush": "0"})  # fmt: skip
+        params = (
+            {"flush": "1"} if version is None else {"flush": "1", "weight_version": str(version)}
+        )
+        out = await self._post_all(
+            "/update_weights_from_tensor", content=b"", headers=_OCTETS, params=params
+        )
+        return {u: parse_weight_version(r.get("weight_version")) for u, r in out.items()}
+
+    async def weights_checksum(self, per_tensor: bool = True) -> dict[str, WeightsChecksum]:
+        """Each server's weight checksums (compare with ``weights.checksum_named_tensors``)."""
+
+        async def one(s: _Server) -> WeightsChecksum:
+            resp = await self._http.get(
+                s.url + "/weights_checksum", params={"per_tensor": int(per_tensor)}
+            )
+            if resp.status_code != 200:
+                raise InferenceError(
+                    f"{s.url}/weights_checksum -> {resp.status_code}: {_message(resp)}"
+                )
+            d = resp.json()
+            return WeightsChecksum(overall=d["checksum"], tensors=d.get("tensors", {}), dtype=d.get("dtype", ""),
+                                   weight_version=parse_weight_version(d.get("weight_version")))  # fmt: skip
+
+        sums = await asyncio.gather(*(one(s) for s in self._servers))
+        return dict(zip(self.urls, sums, strict=True))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _load(s: _Server) -> int:
+    return s.inflight
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        return str(body.get("message", body) if isinstance(body, dict) else body)[:500]
+    except ValueError:
+        return resp.text[:500]
+
+
+def _completion(data: dict[str, Any], server: str, latency: float) -> Completion:
+    meta = data["meta_info"]
+    lps = meta.get("output_token_logprobs")
+    fr = meta.get("finish_reason")
+    reason: FinishReason = fr["type"] if fr else "stop"
+    version = meta.get("weight_version", 0)
+    return Completion(
+        output_ids=data["output_ids"],
+        output_logprobs=[x[0] for x in lps] if lps else [],
+        finish_reason=reason,
+        weight_version=version if type(version) is int else parse_weight_version(version),
+        prompt_tokens=meta["prompt_tokens"],
+        cached_tokens=meta.get("cached_tokens") or 0,
+        server=server,
+        latency_s=latency,
+        output_versions=meta.get("output_token_weight_versions") or [],
+    )

@@ -1,0 +1,229 @@
+"""OpenAI-compatible endpoints of the embedded server, for black-box agents.
+
+    /v1/chat/completions: messages (+ tools) --chat template--> token ids --engine--> text
+        --Hermes <tool_call>{json}</tool_call> extraction--> assistant message (+ tool_calls)
+    /v1/completions:      prompt (text or token ids) --engine--> text
+    /v1/models:           the one served model
+
+The chat template is the tokenizer's own, rendered to text and then encoded without special
+tokens (so the prompt ids are exactly the template's). ``tools`` and ``chat_template_kwargs``
+are passed to the template. ``stream`` and ``echo`` are refused with a 400. With
+``return_token_ids: true`` (vLLM's field) each choice also carries ``prompt_token_ids`` and
+``token_ids``, so a black-box agent can still keep a token-exact ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.errors import ConfigError
+from agentrl.inference.engine import EngineResult
+from agentrl.inference.wire import WireSamplingParams
+
+if TYPE_CHECKING:
+    from agentrl.inference.server import ServerState
+
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    n: int = Field(default=1, ge=1, le=64)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    stream: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    return_token_ids: bool = False
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int = Field(default=16, ge=0)
+    logprobs: int | None = None
+    echo: bool = False
+
+
+class ChatRequest(_Common):
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split Hermes-style ``<tool_call>{"name", "arguments"}</tool_call>`` blocks out of text.
+    A block that is not valid JSON stays in the content (the agent sees what the model wrote)."""
+    calls: list[dict[str, Any]] = []
+
+    def take(m: re.Match[str]) -> str:
+        try:
+            obj = json.loads(m.group(1))
+            name, args = obj["name"], obj.get("arguments", {})
+        except (ValueError, KeyError, TypeError):
+            return m.group(0)
+        arguments = args if isinstance(args, str) else json.dumps(args)
+        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": name, "arguments": arguments}})  # fmt: skip
+        return ""
+
+    content = TOOL_CALL_RE.sub(take, text).strip()
+    return (content or None) if calls else text, calls
+
+
+def add_openai_routes(app: FastAPI, state: ServerState) -> None:
+    from agentrl.inference.server import error_response, json_response, parse_body
+
+    tok = state.tokenizer
+
+    async def run_n(req: _Common, ids: list[int], max_tokens: int, top: int) -> list[EngineResult]:
+        if req.stream:
+            raise ConfigError(
+                "stream=true is not supported by the embedded server; send stream=false."
+            )
+        state.check_prompt(ids)
+        sp = WireSamplingParams(max_new_tokens=max_tokens, temperature=req.temperature,
+                                top_p=req.top_p, top_k=req.top_k, stop=req.stop,
+                                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos)  # fmt: skip
+        outs = []
+        for i in range(req.n):
+            seed = None if req.seed is None else req.seed + i
+            sp_i = sp.model_copy(update={"seed": seed})
+            outs.append(state.run(uuid.uuid4().hex, ids, state.request_params(sp_i, top)))
+        results = await asyncio.gather(*outs)
+        failed = next((r.error for r in results if r.error), None)
+        if failed:
+            raise RuntimeError(failed)
+        return list(results)
+
+    def text_of(res: EngineResult, skip_special: bool) -> tuple[str, str]:
+        text = str(tok.decode(res.output_ids, skip_special_tokens=skip_special))
+        matched = res.finish_reason.get("matched")
+        if isinstance(matched, str) and matched in text:
+            text = text[: text.index(matched)]
+        return text, str(res.finish_reason["type"])
+
+    def usage(prompt: int, results: list[EngineResult]) -> dict[str, int]:
+        done = sum(len(r.output_ids) for r in results)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return json_response({"object": "list", "data": [{
+            "id": state.model_name, "object": "model", "created": 0, "owned_by": "agentrl",
+            "root": state.engine.cfg.model, "max_model_len": state.engine.max_context}]})  # fmt: skip
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        try:
+            req = parse_body(CompletionRequest, await request.body())
+            if req.echo:
+                raise ConfigError("echo=true is not supported by the embedded server.")
+            prompt = req.prompt
+            if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+                if len(prompt) != 1:
+                    raise ConfigError(
+                        "send one prompt per /v1/completions call (use n for samples)."
+                    )
+                prompt = prompt[0]
+            ids = (
+                tok.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else prompt
+            )
+            results = await run_n(req, ids, req.max_tokens, req.logprobs or 0)  # type: ignore[arg-type]
+        except ConfigError as exc:
+            return error_response(str(exc))
+        except RuntimeError as exc:
+            return error_response(f"engine failed: {exc}", 500)
+        choices = []
+        for i, res in enumerate(results):
+            text, reason = text_of(res, req.skip_special_tokens)
+            choice: dict[str, Any] = {
+                "index": i,
+                "text": text,
+                "finish_reason": reason,
+                "logprobs": None,
+            }
+            if req.logprobs is not None:
+                choice["logprobs"] = {
+                    "tokens": tok.convert_ids_to_tokens(res.output_ids),
+                    "token_logprobs": res.output_logprobs,
+                    "top_logprobs": [{tok.convert_ids_to_tokens(t): lp for lp, t in row}
+                                     for row in res.top_logprobs or []] or None}  # fmt: skip
+            if req.return_token_ids:
+                choice.update(prompt_token_ids=ids, token_ids=res.output_ids)
+            choices.append(choice)
+        return json_response({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                              "created": int(time.time()), "model": state.model_name,
+                              "choices": choices, "usage": usage(len(ids), results)})  # fmt: skip
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        try:
+            req = parse_body(ChatRequest, await request.body())
+            tools: Any = None if req.tool_choice == "none" else req.tools
+            try:
+                rendered = tok.apply_chat_template(req.messages, tools=tools, tokenize=False,
+                                                   add_generation_prompt=True,
+                                                   **(req.chat_template_kwargs or {}))  # fmt: skip
+            except Exception as exc:
+                raise ConfigError(
+                    f"the chat template could not render these messages: {exc}"
+                ) from exc
+            ids = tok.encode(rendered, add_special_tokens=False)
+            limit = req.max_completion_tokens or req.max_tokens
+            if limit is None:
+                limit = max(1, state.engine.max_context - len(ids) - 1)
+            top = req.top_logprobs if req.logprobs else 0
+            results = await run_n(req, ids, limit, top)
+        except ConfigError as exc:
+            return error_response(str(exc))
+        except RuntimeError as exc:
+            return error_response(f"engine failed: {exc}", 500)
+        choices = [_chat_choice(i, res, *text_of(res, req.skip_special_tokens), req, ids, tok)
+                   for i, res in enumerate(results)]  # fmt: skip
+        return json_response({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                              "created": int(time.time()), "model": state.model_name,
+                              "choices": choices, "usage": usage(len(ids), results)})  # fmt: skip
+
+
+def _chat_choice(
+    i: int, res: EngineResult, text: str, reason: str, req: ChatRequest, ids: list[int], tok: Any
+) -> dict[str, Any]:
+    content, calls = parse_tool_calls(text) if req.tools else (text, [])
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+        if reason == "stop":
+            reason = "tool_calls"
+    choice: dict[str, Any] = {
+        "index": i,
+        "message": message,
+        "finish_reason": reason,
+        "logprobs": None,
+    }
+    if req.logprobs:
+        tops = res.top_logprobs or [[] for _ in res.output_ids]
+        choice["logprobs"] = {"content": [
+            {"token": tok.decode([t]), "logprob": lp,
+             "top_logprobs": [{"token": tok.decode([a]), "logprob": alp} for alp, a in row]}
+            for t, lp, row in zip(res.output_ids, res.output_logprobs, tops, strict=True)]}  # fmt: skip
+    if req.return_token_ids:
+        choice.update(prompt_token_ids=ids, token_ids=res.output_ids)
+    return choice

@@ -1,0 +1,292 @@
+"""The embedded inference server: FastAPI + uvicorn in front of the batching Engine.
+
+    POST /generate (SGLang JSON) -> GenerateRequest -> EngineRequest -> engine thread (batched)
+        -> EngineResult -> generate_response() dict -> JSON
+
+Run it as a real process (it binds 127.0.0.1 unless told otherwise):
+
+    python -m agentrl.inference.server --model PATH --port 30000 [--host] [--dtype] \
+        [--max-batch-size] [--seed]
+
+Endpoints: ``/generate``; ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``
+(``openai_api.py``); ``/health``, ``/health_generate``, ``/get_model_info``,
+``/get_server_info``, ``/flush_cache``; weights (``/get_weight_version``,
+``/update_weights_from_disk``, ``/update_weights_from_tensor``, ``/weights_checksum``, in
+``server_weights.py``); ``/pause_generation``, ``/continue_generation``, ``/abort_request``.
+Errors are ``{"error": {"message", "type", "code"}}`` with a 4xx for bad input and a 5xx when
+the engine failed. Bodies are parsed from raw bytes and answers written as raw JSON, skipping
+FastAPI's per-request encoders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import uuid
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from fastapi import FastAPI, Request, Response
+from pydantic import BaseModel, ValidationError
+
+from agentrl.errors import ConfigError
+from agentrl.inference.engine import Engine, EngineRequest, EngineResult, RequestParams
+from agentrl.inference.wire import (
+    GenerateRequest,
+    WireSamplingParams,
+    error_body,
+    generate_response,
+)
+
+logger = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+
+def json_response(obj: object, status: int = 200) -> Response:
+    return Response(json.dumps(obj, separators=(",", ":")), status, media_type="application/json")
+
+
+def error_response(message: str, status: int = 400) -> Response:
+    kind = "BadRequestError" if status < 500 else "InternalServerError"
+    return json_response(error_body(message, status=status, kind=kind), status)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """One readable line per error; union branches (``list[int]``, model names) left out."""
+    errors = exc.errors()
+    real = [e for e in errors if "valid list" not in e["msg"] and "valid array" not in e["msg"]]
+    parts: list[str] = []
+    for err in real or errors:
+        loc = ".".join(
+            str(x) for x in err["loc"] if not (isinstance(x, str) and ("[" in x or x[:1].isupper()))
+        )
+        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        line = f"{loc}: {msg}" if loc else msg
+        if line not in parts:
+            parts.append(line)
+    return "invalid request: " + "; ".join(parts[:4])
+
+
+def parse_body(model: type[M], body: bytes) -> M:
+    """Validate a JSON body; ConfigError with a readable message otherwise."""
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc)) from exc
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    """One prompt of a /generate call, ready for the engine."""
+
+    rid: str
+    input_ids: list[int]
+    params: RequestParams
+    return_logprob: bool
+    skip_special_tokens: bool
+    no_stop_trim: bool
+
+
+class ServerState:
+    """What every handler shares: the engine, its tokenizer and the served model's name."""
+
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = model_name
+
+    async def run(self, rid: str, input_ids: list[int], params: RequestParams) -> EngineResult:
+        """Submit one request to the engine and wait; abort it if the caller goes away."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[EngineResult] = loop.create_future()
+
+        def done(result: EngineResult) -> None:
+            loop.call_soon_threadsafe(_resolve, fut, result)
+
+        self.engine.submit(EngineRequest(rid=rid, input_ids=input_ids, params=params, on_done=done))
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.engine.abort(rid, "client disconnected")
+            raise
+
+    def check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise ConfigError("input_ids is empty; send at least one token id.")
+        lo, hi = min(ids), max(ids)
+        if lo < 0 or hi >= self.engine.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ConfigError(
+                f"token id {bad} is outside the vocabulary [0, {self.engine.vocab_size}); "
+                "tokenize with this model's tokenizer."
+            )
+        if len(ids) >= self.engine.max_context:
+            raise ConfigError(
+                f"prompt has {len(ids)} tokens; this model's context is {self.engine.max_context}."
+            )
+
+    def request_params(self, sp: WireSamplingParams, top_logprobs: int) -> RequestParams:
+        bad = sp.unsupported()
+        if bad:
+            raise ConfigError(
+                f"sampling_params {bad} are not supported by the embedded server; leave them at "
+                "their defaults or serve with SGLang/vLLM."
+            )
+        seed = sp.sampling_seed if sp.sampling_seed is not None else sp.seed
+        return RequestParams(max_new_tokens=sp.max_new_tokens, temperature=sp.temperature,
+                             top_p=sp.top_p, top_k=sp.top_k,
+                             stop_token_ids=frozenset(sp.stop_token_ids or ()),
+                             stop_strings=sp.stop_strings(), ignore_eos=sp.ignore_eos,
+                             seed=seed, top_logprobs=top_logprobs)  # fmt: skip
+
+    def plan(self, req: GenerateRequest) -> tuple[list[Job], bool]:
+        """Turn a request into engine jobs (and whether it was a single prompt, not a batch);
+        ConfigError on bad input."""
+        if req.stream:
+            raise ConfigError(
+                "stream=true is not supported by the embedded server; send stream=false."
+            )
+        if req.input_embeds is not None or req.image_data is not None or req.lora_path is not None:
+            raise ConfigError(
+                "input_embeds, image_data and lora_path are not supported by the embedded server."
+            )
+        if req.logprob_start_len not in (None, -1) and not isinstance(req.logprob_start_len, list):
+            raise ConfigError(
+                "logprob_start_len must be -1: input-token logprobs are not supported."
+            )
+        if (req.text is None) == (req.input_ids is None):
+            raise ConfigError("send exactly one of 'text' or 'input_ids'.")
+        if req.input_ids is not None:
+            single = not req.input_ids or isinstance(req.input_ids[0], int)
+            prompts = cast(list[list[int]], [req.input_ids] if single else req.input_ids)
+        else:
+            single = isinstance(req.text, str)
+            texts = [req.text] if single else req.text
+            prompts = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]  # type: ignore[union-attr]
+        n = len(prompts)
+        sps, rids = (
+            _per_item(req.sampling_params, n, "sampling_params"),
+            _per_item(req.rid, n, "rid"),
+        )
+        lps, tops = (
+            _per_item(req.return_logprob, n, "return_logprob"),
+            _per_item(req.top_logprobs_num, n, "top_logprobs_num"),
+        )
+        jobs = []
+        for i, ids in enumerate(prompts):
+            self.check_prompt(ids)
+            sp = sps[i] or WireSamplingParams()
+            rid = rids[i] or (uuid.uuid4().hex if single or req.rid is None else f"{req.rid}_{i}")
+            jobs.append(Job(rid=rid, input_ids=ids, params=self.request_params(sp, tops[i] or 0),
+                            return_logprob=bool(lps[i]), skip_special_tokens=sp.skip_special_tokens,
+                            no_stop_trim=sp.no_stop_trim))  # fmt: skip
+        return jobs, single
+
+    def respond(self, job: Job, res: EngineResult, latency: float) -> dict[str, object]:
+        text = str(
+            self.tokenizer.decode(res.output_ids, skip_special_tokens=job.skip_special_tokens)
+        )
+        matched = res.finish_reason.get("matched")
+        if isinstance(matched, str) and not job.no_stop_trim and matched in text:
+            text = text[: text.index(matched)]
+        return generate_response(rid=res.rid, text=text, output_ids=res.output_ids,
+                                 finish_reason=res.finish_reason, prompt_tokens=res.prompt_tokens,
+                                 weight_version=res.weight_version, e2e_latency=latency,
+                                 output_logprobs=res.output_logprobs if job.return_logprob else None,
+                                 output_versions=res.output_versions,
+                                 top_logprobs=res.top_logprobs if job.return_logprob else None)  # fmt: skip
+
+
+def _resolve(fut: asyncio.Future[EngineResult], result: EngineResult) -> None:
+    if not fut.done():
+        fut.set_result(result)
+
+
+def _per_item(value: Any, n: int, name: str) -> list[Any]:
+    if not isinstance(value, list):
+        return [value] * n
+    if len(value) != n:
+        raise ConfigError(f"{name} has {len(value)} entries for {n} prompts; send one per prompt.")
+    return value
+
+
+def build_app(engine: Engine, model_name: str) -> FastAPI:
+    """The FastAPI app serving ``engine`` (which must already be started)."""
+    from agentrl.inference.openai_api import add_openai_routes
+    from agentrl.inference.server_weights import add_control_routes
+
+    state = ServerState(engine, model_name)
+    app = FastAPI(title="agentrl embedded inference server", docs_url=None, redoc_url=None)
+    app.state.server = state
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            req = parse_body(GenerateRequest, await request.body())
+            jobs, single = state.plan(req)
+        except ConfigError as exc:
+            return error_response(str(exc), 400)
+        if len(jobs) == 1:
+            results = [await state.run(jobs[0].rid, jobs[0].input_ids, jobs[0].params)]
+        else:
+            results = await asyncio.gather(*(state.run(j.rid, j.input_ids, j.params) for j in jobs))
+        failed = next((r.error for r in results if r.error), None)
+        if failed:
+            return error_response(f"engine failed: {failed}", 500)
+        latency = loop.time() - start
+        out = [state.respond(j, r, latency) for j, r in zip(jobs, results, strict=True)]
+        return json_response(out[0] if single else out)
+
+    add_control_routes(app, state)
+    add_openai_routes(app, state)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m agentrl.inference.server --model PATH --port N``."""
+    import uvicorn
+
+    p = argparse.ArgumentParser(description="agentrl embedded inference server")
+    p.add_argument("--model", required=True, help="local Hugging Face model directory")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--max-prefill-tokens", type=int, default=16384)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-threads", type=int, default=0)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=0.0005,
+        help="sys.setswitchinterval: how soon the HTTP thread gets the GIL back from the model thread",
+    )
+    a = p.parse_args(argv)
+    sys.setswitchinterval(a.switch_interval)
+    logging.basicConfig(
+        level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    engine = Engine(Engine.Config(model=a.model, dtype=a.dtype, device=a.device,
+                                  max_batch_size=a.max_batch_size,
+                                  max_prefill_tokens=a.max_prefill_tokens, seed=a.seed,
+                                  num_threads=a.num_threads))  # fmt: skip
+    engine.start()
+    app = build_app(engine, a.served_model_name or a.model)
+    logger.info("serving %s on http://%s:%d", a.model, a.host, a.port)
+    try:
+        uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, access_log=False,
+                    timeout_graceful_shutdown=5)  # fmt: skip
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()
