@@ -1,18 +1,19 @@
 """The `agentrl` command line: one typer app; every command imports its machinery lazily.
 
-    agentrl serve PATH                     serve an HF model directory over HTTP
-    agentrl rollout --env ID --server URL  collect trajectories to JSONL/parquet
-    agentrl envs list | check ID           discover and validate environments
-    agentrl train RECIPE key=value ...     RL training (GRPO/PPO); --resume continues a run
-    agentrl sft RECIPE ... / eval ...      supervised warm-up / evaluation
-    agentrl model tiny PATH                build a tiny local model + tokenizer (no hub needed)
+agentrl serve PATH                     serve an HF model directory over HTTP
+agentrl rollout --env ID --server URL  collect trajectories to JSONL/parquet
+agentrl envs list | check ID           discover and validate environments
+agentrl train RECIPE key=value ...     RL training (GRPO/PPO); --resume continues a run
+agentrl sft RECIPE ... / eval ...      supervised warm-up / evaluation
+agentrl model tiny PATH                build a tiny local model + tokenizer (no hub needed)
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -40,9 +41,9 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
     )
 
 
-def _fail(err: Exception) -> None:
+def _fail(err: Exception) -> NoReturn:
     typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
+    sys.exit(2)
 
 
 @model_app.command("tiny")
@@ -56,8 +57,22 @@ def model_tiny(
     """Write a tiny randomly initialised causal LM and its tokenizer as an HF directory."""
     from agentrl.tiny import make_tiny_model
 
-    out = make_tiny_model(path, arch=arch, hidden_size=hidden_size, num_layers=num_layers, seed=seed)  # type: ignore[arg-type]
+    out = make_tiny_model(
+        path, arch=arch, hidden_size=hidden_size, num_layers=num_layers, seed=seed
+    )  # type: ignore[arg-type]
     typer.echo(str(out))
+
+
+def _register_commands() -> None:
+    """Attach the commands that live next to their machinery (imports stay lazy inside them)."""
+    from agentrl.inference.cli import serve
+    from agentrl.rollout.cli import rollout
+
+    app.command("serve")(serve)
+    app.command("rollout")(rollout)
+
+
+_register_commands()
 
 
 def main() -> None:
