@@ -1,0 +1,284 @@
+"""Advantage estimators: rewards (and values) in, per-token advantages and returns out.
+
+    AdvantageInputs(response_mask (B, T), rewards (B,) | token_rewards (B, T), values, group_ids)
+      -> ADV_ESTIMATORS.get(name)(inputs, AdvantageConfig) -> (advantages (B, T), returns (B, T))
+
+Every estimator is vectorised: group statistics use ``index_add`` over dense group ids and
+time recursions use the blocked scan of :mod:`agentrl.algos.ops`; nothing loops over samples,
+groups or time steps in Python. Estimators without a critic return the advantages tensor
+itself as the returns (not a copy). Advantages are constants of the policy loss, so estimators run
+under ``torch.no_grad`` and work in place where they can (on CPU a fresh (B, T) tensor costs
+page faults that dwarf the arithmetic). Outputs are 0 wherever ``response_mask`` is 0.
+
+Deliberate departures from the papers and common implementations:
+- Multi-turn masks with holes: GAE and discounted returns run over generated (mask-1) tokens
+  only. Environment tokens between turns are skipped, as if the generated tokens of one
+  trajectory were one contiguous sequence; rewards placed on mask-0 tokens are dropped.
+- Groups of one sample (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline) get advantage 0: the
+  sample is its own baseline, so it carries no relative signal (instead of the raw score).
+- Group std is the unbiased (n - 1) std; GRPO divides by ``std + epsilon``.
+- Whitening (GAE, REINFORCE++) uses the mean and unbiased variance over all mask-1 tokens of
+  the batch on this process; it is not all-reduced across data-parallel ranks.
+- Dr.GRPO is "GRPO done right" for the advantage (no std division); its second fix, no
+  per-sequence length normalisation, is a loss aggregation choice: pair ``dr_grpo`` with
+  ``Aggregation("seq-mean-token-sum-norm", max_len=<generation budget>)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from agentrl.algos.aggregation import masked_whiten
+from agentrl.algos.ops import (
+    TokenLayout,
+    check_same_shape,
+    discounted_reverse_cumsum,
+    final_reward_returns,
+    group_mean_std,
+    masked_discounted_returns,
+    scatter_to_last_token,
+)
+from agentrl.algos.registry import register_advantage
+from agentrl.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class AdvantageConfig:
+    """Knobs shared by the estimators; each reads only the ones it needs."""
+
+    gamma: float = 1.0
+    """Discount (gae, reinforce_plus_plus, remax)."""
+    lam: float = 1.0
+    """GAE lambda."""
+    norm_by_std: bool = True
+    """GRPO: divide by the group std. dr_grpo ignores this and never divides."""
+    epsilon: float = 1e-6
+    """Added to the group std before dividing (grpo)."""
+    whiten: bool = True
+    """GAE: whiten advantages over the batch's mask-1 tokens."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvantageInputs:
+    """What an estimator may read. Give ``rewards`` (B,) or ``token_rewards`` (B, T), or both."""
+
+    response_mask: Tensor  # (B, T) 1 on generated tokens, 0 on prompt/env/padding
+    rewards: Tensor | None = None  # (B,) sequence-level score
+    token_rewards: Tensor | None = None  # (B, T) per-token rewards (e.g. score - KL penalty)
+    values: Tensor | None = None  # (B, T) critic values (gae)
+    group_ids: Tensor | None = None  # (B,) int group of each sample (grpo, rloo, ...)
+    baseline_rewards: Tensor | None = None  # (B,) greedy-decoding reward (remax)
+
+    def __post_init__(self) -> None:
+        if self.response_mask.dim() != 2:
+            raise ConfigError(
+                f"response_mask must be (B, T), got {tuple(self.response_mask.shape)}"
+            )
+        if self.rewards is None and self.token_rewards is None:
+            raise ConfigError(
+                "AdvantageInputs needs rewards (B,) or token_rewards (B, T); got neither"
+            )
+        b = self.response_mask.shape[0]
+        for name in ("rewards", "group_ids", "baseline_rewards"):
+            x = getattr(self, name)
+            if x is not None and tuple(x.shape) != (b,):
+                raise ConfigError(f"{name} must be (B,) = ({b},), got {tuple(x.shape)}")
+        for name in ("token_rewards", "values"):
+            x = getattr(self, name)
+            if x is not None:
+                check_same_shape(name, x, "response_mask", self.response_mask)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating dtype of the rewards (float32 for integer rewards)."""
+        ref = self.token_rewards if self.token_rewards is not None else self.rewards
+        assert ref is not None  # guaranteed by __post_init__
+        return ref.dtype if ref.is_floating_point() else torch.float32
+
+    @property
+    def mask(self) -> Tensor:
+        """The response mask as a (B, T) float tensor of the reward dtype (a copy)."""
+        return self.response_mask.to(self.dtype)
+
+    def scores(self) -> Tensor:
+        """(B,) sequence scores: ``rewards``, else the sum of token rewards over mask-1 tokens."""
+        if self.rewards is not None:
+            return self.rewards.to(self.dtype)
+        assert self.token_rewards is not None
+        return torch.where(self.response_mask.bool(), self.token_rewards, 0.0).sum(
+            -1, dtype=self.dtype
+        )
+
+    def per_token_rewards(self) -> Tensor:
+        """(B, T) rewards: ``token_rewards``, else ``rewards`` on the last generated token."""
+        if self.token_rewards is not None:
+            return self.token_rewards
+        return scatter_to_last_token(self.scores(), self.response_mask)
+
+    def discounted_returns(self, gamma: float) -> Tensor:
+        """(B, T) discounted returns over mask-1 tokens (closed form for sequence rewards)."""
+        if self.token_rewards is None:
+            return final_reward_returns(self.scores(), self.response_mask, gamma)
+        return masked_discounted_returns(self.token_rewards, self.response_mask, gamma)
+
+    def require(self, name: str, estimator: str) -> Tensor:
+        x = getattr(self, name)
+        if x is None:
+            raise ConfigError(
+                f"advantage estimator {estimator!r} needs AdvantageInputs.{name}; got None"
+            )
+        return x  # type: ignore[no-any-return]
+
+
+@torch.no_grad()
+def gae(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over the mask-1 tokens of each row.
+
+    With next(t) the next mask-1 position after t (V_next = 0 past the last one):
+        delta_t = r_t + gamma * V_next(t) - V_t
+        A_t     = delta_t + gamma * lam * A_next(t)
+        R_t     = A_t + V_t
+    Returns (A, R), both (B, T) and 0 on mask-0 tokens. Not whitened. No gradient.
+    Runs on the packed layout (generated tokens first), where next(t) = t + 1.
+    """
+    check_same_shape("values", values, "token_rewards", token_rewards)
+    layout = TokenLayout.of(mask)
+    delta = layout.pack(token_rewards)  # (B, W), becomes delta in place
+    v = layout.pack(values)  # (B, W), 0 past each row's generated tokens
+    delta[:, :-1].add_(v[:, 1:], alpha=gamma)
+    delta.sub_(v)
+    adv = discounted_reverse_cumsum(delta, gamma * lam, out=delta.new_empty(delta.shape))
+    ret = v.add_(adv)  # packed returns: 0 past each row's generated tokens, like adv
+    return layout.unpack(adv), layout.unpack(ret)
+
+
+@register_advantage("gae", description="PPO with a critic: GAE(gamma, lambda), whitened")
+@torch.no_grad()
+def gae_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """GAE (see :func:`gae`); advantages whitened over the batch when ``cfg.whiten``."""
+    values = inp.require("values", "gae")
+    adv, ret = gae(inp.per_token_rewards(), values, inp.response_mask, gamma=cfg.gamma, lam=cfg.lam)
+    if cfg.whiten:
+        adv = masked_whiten(adv, inp.response_mask)
+    return adv, ret
+
+
+def _broadcast(adv_B: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    adv = torch.where(mask.bool(), adv_B[:, None], 0.0)  # (B, T); returns are the same tensor
+    return adv, adv
+
+
+def _group_ids(inp: AdvantageInputs, estimator: str) -> Tensor:
+    return inp.require("group_ids", estimator)
+
+
+def group_normalized_scores(
+    scores: Tensor, group_ids: Tensor, *, norm_by_std: bool = True, epsilon: float = 1e-6
+) -> Tensor:
+    """(B,) sequence-level GRPO advantage: (s_i - mean_g) / (std_g + epsilon), or s_i - mean_g.
+
+    Groups are arbitrary integer ids; a group of one gets 0.
+    """
+    mean, std, _ = group_mean_std(scores, group_ids)
+    adv = scores - mean
+    return adv / (std + epsilon) if norm_by_std else adv
+
+
+def leave_one_out_scores(scores: Tensor, group_ids: Tensor) -> Tensor:
+    """(B,) RLOO advantage: s_i - mean of the other members = n_g / (n_g - 1) * (s_i - mean_g).
+
+    A group of one gets 0.
+    """
+    mean, _, n = group_mean_std(scores, group_ids)
+    scale = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n))
+    return (scores - mean) * scale
+
+
+@register_advantage("grpo", description="GRPO: (score - group mean) / (group std + eps)")
+@torch.no_grad()
+def grpo_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """A_i = (s_i - mean_g(s)) / (std_g(s) + epsilon), broadcast to the mask-1 tokens of i.
+
+    Without ``cfg.norm_by_std`` it is s_i - mean_g(s). Returns = advantages.
+    """
+    adv = group_normalized_scores(
+        inp.scores(), _group_ids(inp, "grpo"), norm_by_std=cfg.norm_by_std, epsilon=cfg.epsilon
+    )
+    return _broadcast(adv, inp.response_mask)
+
+
+@register_advantage("dr_grpo", description="Dr.GRPO: score - group mean, no std division")
+@torch.no_grad()
+def dr_grpo_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """A_i = s_i - mean_g(s) (no std normalisation), broadcast to tokens.
+
+    Dr.GRPO also drops the 1/|o_i| length normalisation: aggregate its loss with
+    ``seq-mean-token-sum-norm`` and a constant ``max_len`` (the generation budget).
+    """
+    adv = group_normalized_scores(inp.scores(), _group_ids(inp, "dr_grpo"), norm_by_std=False)
+    return _broadcast(adv, inp.response_mask)
+
+
+@register_advantage("rloo", description="RLOO: score minus the mean of the other group members")
+@torch.no_grad()
+def rloo_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """A_i = s_i - (sum_{j in g, j != i} s_j) / (n_g - 1) = n_g / (n_g - 1) * (s_i - mean_g).
+
+    A group of one gets 0. Broadcast to tokens; returns = advantages.
+    """
+    return _broadcast(
+        leave_one_out_scores(inp.scores(), _group_ids(inp, "rloo")), inp.response_mask
+    )
+
+
+@register_advantage("reinforce_plus_plus", description="REINFORCE++: discounted returns, whitened")
+@torch.no_grad()
+def reinforce_pp_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """G_t = r_t + gamma * G_next(t) over mask-1 tokens; A = whiten(G) over the batch.
+
+    Put any KL penalty into ``token_rewards`` first (:func:`agentrl.algos.kl.apply_kl_to_reward`).
+    Returns (A, G).
+    """
+    returns = inp.discounted_returns(cfg.gamma)
+    return masked_whiten(returns, inp.response_mask), returns
+
+
+@register_advantage(
+    "reinforce_plus_plus_baseline", description="REINFORCE++-baseline: group mean, batch whitening"
+)
+@torch.no_grad()
+def reinforce_pp_baseline_advantage(
+    inp: AdvantageInputs, cfg: AdvantageConfig
+) -> tuple[Tensor, Tensor]:
+    """A = whiten_batch((s_i - mean_g(s)) on the mask-1 tokens of i). Returns = A."""
+    ids = _group_ids(inp, "reinforce_plus_plus_baseline")
+    centred = group_normalized_scores(inp.scores(), ids, norm_by_std=False)
+    # Whitening a per-sample constant over tokens only needs each sample's token count n_i:
+    # mean = sum n_i c_i / N, var = sum n_i (c_i - mean)^2 / (N - 1); one (B, T) pass in all.
+    n = inp.response_mask.sum(-1, dtype=centred.dtype)
+    total = n.sum()
+    mean = (n * centred).sum() / total.clamp(min=1)
+    var = (n * (centred - mean) ** 2).sum() / (total - 1).clamp(min=1)
+    return _broadcast((centred - mean) * torch.rsqrt(var + 1e-8), inp.response_mask)
+
+
+@register_advantage("remax", description="ReMax: return minus the greedy-decoding reward")
+@torch.no_grad()
+def remax_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """G_t = discounted return over mask-1 tokens; A_t = G_t - b_i, b_i the greedy reward.
+
+    With a single final reward and gamma = 1, A_t = s_i - b_i on every generated token.
+    Returns (A, G).
+    """
+    baseline = inp.require("baseline_rewards", "remax")
+    returns = inp.discounted_returns(cfg.gamma)
+    adv = _broadcast(baseline.to(returns.dtype), inp.response_mask)[0]
+    return adv.neg_().add_(returns), returns

@@ -1,0 +1,151 @@
+"""Loss aggregation (per-token loss matrix -> scalar) and masked batch statistics.
+
+    loss_mat (B, T), mask (B, T) --agg_loss(mode, normaliser)--> scalar loss
+
+Modes, with L the per-token loss, m the mask, |o_i| = sum_t m_it, N the number of sequences
+that have at least one mask-1 token:
+- ``token-mean``:              sum_it L m / sum_it m
+- ``seq-mean-token-sum``:      (1/N) sum_i sum_t L m
+- ``seq-mean-token-mean``:     (1/N) sum_i (sum_t L m / |o_i|)
+- ``seq-mean-token-sum-norm``: (1/N) sum_i (sum_t L m / max_len)   (Dr.GRPO; max_len constant)
+
+Gradient accumulation: summing the losses of micro-batches gives the mini-batch loss only if
+every micro-batch divides by the mini-batch's denominator, not its own. Pass that count as
+``normaliser`` (total mask-1 tokens for ``token-mean``, total sequences for the ``seq-mean-*``
+modes, counted over every micro-batch of the optimizer step). When data-parallel ranks average
+their gradients, pass the global count divided by the number of ranks. Without a normaliser
+each call uses its own local count (exact when there is one micro-batch).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+from torch import Tensor
+
+from agentrl.errors import ConfigError
+
+
+class AggMode(StrEnum):
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+
+
+def parse_agg_mode(mode: str) -> AggMode:
+    """The AggMode for ``mode``; a ConfigError with close matches for an unknown one."""
+    try:
+        return AggMode(mode)
+    except ValueError:
+        known = [m.value for m in AggMode]
+        close = difflib.get_close_matches(mode, known, n=2, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise ConfigError(
+            f"unknown loss aggregation mode {mode!r}; known: {known}.{hint}"
+        ) from None
+
+
+def agg_loss(
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: str = AggMode.TOKEN_MEAN,
+    *,
+    normaliser: float | Tensor | None = None,
+    max_len: int | None = None,
+) -> Tensor:
+    """Aggregate a per-token loss (B, T) to a scalar; see the module docstring for the formulas.
+
+    ``normaliser`` replaces the local denominator (token count or sequence count) for gradient
+    accumulation; ``max_len`` is the constant of ``seq-mean-token-sum-norm`` (default T).
+    """
+    agg = parse_agg_mode(mode)
+    if loss_mat.shape != mask.shape:
+        raise ConfigError(
+            f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must match"
+        )
+    m = mask.to(loss_mat.dtype)
+    if agg is AggMode.TOKEN_MEAN:
+        denom = m.sum().clamp(min=1) if normaliser is None else normaliser
+        return torch.dot(loss_mat.reshape(-1), m.reshape(-1)) / denom
+    tok_sum = row_dot(loss_mat, m)  # (B,)
+    if agg is AggMode.SEQ_MEAN_TOKEN_SUM:
+        per_seq = tok_sum
+    elif agg is AggMode.SEQ_MEAN_TOKEN_MEAN:
+        per_seq = tok_sum / m.sum(-1).clamp(min=1)
+    else:
+        per_seq = tok_sum / float(max_len if max_len is not None else loss_mat.shape[-1])
+    if normaliser is None:
+        n_seqs = (m.sum(-1) > 0).sum().clamp(min=1)
+        return per_seq.sum() / n_seqs
+    return per_seq.sum() / normaliser
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Aggregation:
+    """How a loss is aggregated: the mode plus the constants of :func:`agg_loss`."""
+
+    mode: str = AggMode.TOKEN_MEAN
+    normaliser: float | None = None
+    """Global denominator for gradient accumulation (see the module docstring)."""
+    max_len: int | None = None
+    """Constant length of ``seq-mean-token-sum-norm`` (the generation budget); default T."""
+
+    def __post_init__(self) -> None:
+        parse_agg_mode(self.mode)
+
+    def __call__(self, loss_mat: Tensor, mask: Tensor) -> Tensor:
+        return agg_loss(loss_mat, mask, self.mode, normaliser=self.normaliser, max_len=self.max_len)
+
+
+def row_dot(x: Tensor, m: Tensor) -> Tensor:
+    """sum_t x_bt m_bt per row, (B, T) x (B, T) -> (B,), without a (B, T) temporary."""
+    return torch.bmm(x.unsqueeze(1), m.unsqueeze(2)).view(-1)
+
+
+def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
+    """sum(x m) over all entries."""
+    return torch.dot(x.reshape(-1), mask.to(x.dtype).reshape(-1))
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """sum(x m) / sum(m); 0 for an empty mask."""
+    m = mask.to(x.dtype)
+    return torch.dot(x.reshape(-1), m.reshape(-1)) / m.sum().clamp(min=1)
+
+
+def masked_var(x: Tensor, mask: Tensor, *, unbiased: bool = True) -> Tensor:
+    """Variance of the mask-1 entries (Bessel-corrected when ``unbiased``); 0 if fewer than 2."""
+    m = mask.to(x.dtype)
+    n = m.sum()
+    mean = (x * m).sum() / n.clamp(min=1)
+    ss = (((x - mean) * m) ** 2).sum()
+    denom = (n - 1) if unbiased else n
+    return torch.where(denom > 0, ss / denom.clamp(min=1e-12), torch.zeros_like(ss))
+
+
+def masked_whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the mask-1 entries (unbiased var); 0 on mask-0 entries.
+
+    With ``shift_mean=False`` the mean is added back (scale only). Without autograd it makes
+    one (B, T) temporary (the result); with autograd it is the plain differentiable formula.
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        m = mask.to(x.dtype)
+        mean = masked_mean(x, mask)
+        out = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
+        return (out if shift_mean else out + mean) * m
+    m = mask.bool()
+    n = m.sum().to(x.dtype)
+    out = torch.where(m, x, 0.0)
+    mean = out.sum() / n.clamp(min=1)
+    out.sub_(mean).masked_fill_(m.logical_not(), 0.0)
+    flat = out.reshape(-1)
+    var = torch.where(n > 1, torch.dot(flat, flat) / (n - 1).clamp(min=1), torch.zeros_like(n))
+    out.mul_(torch.rsqrt(var + eps))
+    if not shift_mean:
+        out.add_(torch.where(m, mean, 0.0))
+    return out

@@ -1,0 +1,208 @@
+"""Vectorised building blocks: group statistics over arbitrary ids and discounted scans.
+
+    group ids (B,) --unique/inverse--> dense ids --index_add--> per-group sums --gather--> (B,)
+    x (B, T), mask (B, T) --compact--> generated tokens first --blocked scan--> --expand--> (B, T)
+
+No function here loops over samples or groups. The discounted reverse scan
+``y_t = x_t + d * y_{t+1}`` runs as a blocked matrix product: each block of ``block`` steps is
+one (block x block) matmul, and the block boundaries form the same recurrence with discount
+``d ** block``, solved recursively, so T = 8192 takes three small levels and no Python loop
+over time steps. Every power of ``d`` used is ``<= 1``, so the scan is stable for any T.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from agentrl.errors import ConfigError
+
+
+def check_same_shape(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
+    """Raise a ConfigError unless ``x`` and ``ref`` have the same shape."""
+    if x.shape != ref.shape:
+        raise ConfigError(
+            f"{name} has shape {tuple(x.shape)} but {ref_name} has shape {tuple(ref.shape)}; "
+            f"they must match (token-level tensors are (B, T), sequence-level ones (B,))."
+        )
+
+
+def dense_group_ids(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Map arbitrary integer ids (B,) to dense ids 0..G-1 (B,); returns (dense, G)."""
+    if group_ids.dim() != 1:
+        raise ConfigError(f"group_ids must be (B,), got shape {tuple(group_ids.shape)}")
+    uniq, inverse = torch.unique(group_ids, return_inverse=True)
+    return inverse, int(uniq.numel())
+
+
+def group_mean_std(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample group mean, unbiased group std and group size, each (B,).
+
+    mean_g = sum_{i in g} s_i / n_g;  std_g = sqrt(sum_{i in g} (s_i - mean_g)^2 / (n_g - 1)).
+    A group of one has std 0 (not NaN). Two passes over the scores, for numerical stability.
+    """
+    dense, n_groups = dense_group_ids(group_ids)
+    s = scores.to(torch.float64)
+    count = torch.zeros(n_groups, dtype=s.dtype, device=s.device).index_add_(
+        0, dense, torch.ones_like(s)
+    )
+    total = torch.zeros_like(count).index_add_(0, dense, s)
+    mean = (total / count)[dense]
+    sq = torch.zeros_like(count).index_add_(0, dense, (s - mean) ** 2)
+    std = (sq / (count - 1).clamp(min=1)).sqrt()[dense]
+    dt = scores.dtype
+    return mean.to(dt), std.to(dt), count[dense].to(dt)
+
+
+def group_min_max(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-sample group minimum and maximum, each (B,)."""
+    dense, n_groups = dense_group_ids(group_ids)
+    lo = scores.new_zeros(n_groups).scatter_reduce_(0, dense, scores, "amin", include_self=False)
+    hi = scores.new_zeros(n_groups).scatter_reduce_(0, dense, scores, "amax", include_self=False)
+    return lo[dense], hi[dense]
+
+
+BLOCK = 64
+"""Block length of the discounted scan."""
+
+
+def _discount_matrix(n: int, discount: float, like: Tensor) -> Tensor:
+    """(n, n) matrix M with M[k, t] = discount ** (k - t) for k >= t, else 0."""
+    idx = torch.arange(n, dtype=torch.float64)
+    diff = idx[:, None] - idx[None, :]
+    m = torch.where(
+        diff >= 0, torch.tensor(discount, dtype=torch.float64) ** diff.clamp(min=0), 0.0
+    )
+    return m.to(dtype=like.dtype, device=like.device)
+
+
+def discounted_reverse_cumsum(
+    x: Tensor, discount: float, *, block: int = BLOCK, out: Tensor | None = None
+) -> Tensor:
+    """y_t = sum_{k >= t} discount^(k - t) x_k along the last dim of x (B, T) -> (B, T).
+
+    ``out`` (contiguous, not x) receives the result when T is a multiple of ``block``.
+    """
+    if not 0.0 <= discount <= 1.0:
+        raise ConfigError(f"discount must be in [0, 1], got {discount}")
+    if discount == 0.0:
+        return x.clone()
+    b, t = x.shape
+    if t <= block:
+        return x @ _discount_matrix(t, discount, x)
+    n = -(-t // block)
+    if t % block:  # pad with zeros, which change no y_t
+        return discounted_reverse_cumsum(F.pad(x, (0, n * block - t)), discount, block=block)[:, :t]
+    flat_out = out.view(b * n, block) if out is not None else None
+    local = torch.mm(x.reshape(b * n, block), _discount_matrix(block, discount, x), out=flat_out)
+    local = local.view(b, n, block)
+    # y at the start of block j = local[j, 0] + discount^block * y at the start of block j + 1
+    starts = discounted_reverse_cumsum(local[:, :, 0].contiguous(), discount**block, block=block)
+    next_starts = F.pad(starts[:, 1:], (0, 1))  # (B, n)
+    offsets = torch.arange(block, dtype=torch.float64, device=x.device)
+    decay = (discount ** (block - offsets)).to(x.dtype)  # (block,)
+    return local.addcmul_(next_starts[:, :, None], decay).view(b, t)
+
+
+def is_prefix_mask(mask: Tensor) -> bool:
+    """True if every row's mask is ones then zeros (no holes), so compaction is the identity."""
+    m = mask.bool()
+    return not bool((m[:, 1:] > m[:, :-1]).any())
+
+
+def compact_index(mask: Tensor) -> Tensor:
+    """For each (b, t) with mask 1, its rank among the row's mask-1 tokens; T where mask is 0."""
+    m = mask.bool()
+    rank = m.long().cumsum_(-1)  # in place: a cumsum of bools would copy them to int64 first
+    return rank.sub_(1).masked_fill_(m.logical_not(), mask.shape[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLayout:
+    """Where the generated tokens of each row go in a dense (B, W) workspace, and back.
+
+    ``pack`` moves each row's mask-1 tokens to the front (in order) and zero-fills the rest,
+    so a recursion "over generated tokens only" becomes a plain recursion over a prefix.
+    W is a multiple of ``BLOCK`` (no padding copy in the scan) and, for masks with holes,
+    leaves column T free to collect the mask-0 entries. For prefix masks (single turn)
+    ``pack`` is ``x * mask`` and no index is built.
+    """
+
+    mask: Tensor  # (B, T) bool
+    index: Tensor | None  # (B, T) rank of each mask-1 token; T on mask-0 tokens; None for prefixes
+    width: int
+
+    @classmethod
+    def of(cls, mask: Tensor) -> TokenLayout:
+        m = mask.bool()
+        t = m.shape[-1]
+        if is_prefix_mask(m):
+            return cls(m, None, -(-t // BLOCK) * BLOCK)
+        return cls(m, compact_index(m), -(-(t + 1) // BLOCK) * BLOCK)
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(B, T) -> (B, W): mask-1 entries first, zeros elsewhere (a fresh tensor)."""
+        b, t = x.shape
+        if self.index is None:
+            if self.width == t:
+                return torch.where(self.mask, x, 0.0)
+            out = x.new_zeros(b, self.width)
+            torch.where(self.mask, x, x.new_zeros(()), out=out[:, :t])
+            return out
+        out = x.new_zeros(b, self.width).scatter_(1, self.index, x)
+        out[:, t] = 0.0  # the mask-0 entries landed here
+        return out
+
+    def unpack(self, y: Tensor) -> Tensor:
+        """(B, W) -> (B, T); assumes y is 0 past each row's generated tokens (true for scans of
+        packed inputs), so mask-0 positions come back as 0."""
+        t = self.mask.shape[-1]
+        if self.index is None:
+            return y if self.width == t else y[:, :t].contiguous()
+        return y.gather(1, self.index)
+
+
+def masked_discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """G_t = r_t + gamma * G_next(t) over mask-1 tokens only (mask-0 tokens are skipped).
+
+    next(t) is the next position after t with mask 1. Rewards on mask-0 tokens are dropped;
+    the result is 0 on mask-0 tokens. (B, T) -> (B, T).
+    """
+    layout = TokenLayout.of(mask)
+    return layout.unpack(discounted_reverse_cumsum(layout.pack(rewards), gamma))
+
+
+def final_reward_returns(scores: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """Discounted returns (B, T) of a reward ``scores`` (B,) on each row's last mask-1 token.
+
+    Closed form of :func:`masked_discounted_returns` for that case: G_t = gamma^k_t * s, with
+    k_t the number of mask-1 tokens after t; 0 on mask-0 tokens.
+    """
+    m = mask.bool()
+    s = scores[:, None]
+    if gamma == 1.0:
+        return torch.where(m, s, 0.0)
+    after = m.to(scores.dtype).cumsum_(-1)  # tokens up to and including t
+    total = after[:, -1:].clone()
+    after.neg_().add_(total)  # tokens after t
+    if gamma == 0.0:
+        return torch.where(m & (after == 0), s, 0.0)
+    return after.mul_(math.log(gamma)).exp_().mul_(s).masked_fill_(m.logical_not(), 0.0)
+
+
+def last_token_index(mask: Tensor) -> Tensor:
+    """(B,) index of the last mask-1 token of each row (0 for an all-zero row)."""
+    t = mask.shape[-1]
+    return (t - 1 - mask.bool().flip(-1).long().argmax(-1)).clamp(min=0)
+
+
+def scatter_to_last_token(values: Tensor, mask: Tensor) -> Tensor:
+    """Place values (B,) on the last mask-1 token of each row of a (B, T) zero tensor."""
+    has_tokens = mask.bool().any(-1)
+    out = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
+    src = torch.where(has_tokens, values, torch.zeros_like(values))
+    return out.scatter_(1, last_token_index(mask)[:, None], src[:, None])
