@@ -45,9 +45,11 @@ class Spec(Generic[T]):
     description: str = ""
 
     def load(self) -> Callable[..., T]:
-        if isinstance(self.entry_point, str):
-            self.entry_point = load_entry_point(self.entry_point)
-        return self.entry_point
+        ep = self.entry_point
+        if isinstance(ep, str):
+            ep = load_entry_point(ep)
+            self.entry_point = ep
+        return ep  # type: ignore[return-value]
 
     @property
     def entry_point_str(self) -> str:

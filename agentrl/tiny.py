@@ -144,6 +144,7 @@ def make_tiny_model(
         pad_token_id=tokenizer.convert_tokens_to_ids(EOT),
         bos_token_id=None,
     )
+    config: Qwen2Config | LlamaConfig
     if arch == "qwen2":
         config = Qwen2Config(**common)
     elif arch == "llama":

@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import enum
 import functools
 import inspect
 import json
 import logging
 import sys
+import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -103,6 +105,11 @@ class Tool:
         self._inject_required = tuple(
             k for k in self.inject if params[k].default is inspect.Parameter.empty
         )
+        self._enums = {
+            k: h
+            for k, h in typing.get_type_hints(fn).items()
+            if isinstance(h, type) and issubclass(h, enum.Enum) and k in self.parameters["properties"]
+        }
         self.timeout_s = timeout_s
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
@@ -150,6 +157,7 @@ class Tool:
             kwargs = validate_arguments(self.name, self.parameters, arguments)
         except ToolArgumentError as e:
             return ToolResult(content=f"Error: {e}", is_error=True, metadata={"error": "arguments"})
+        kwargs.update({k: self._enums[k](v) for k, v in kwargs.items() if k in self._enums})
         kwargs.update({k: injected[k] for k in self.inject if k in injected})
         try:
             value = await asyncio.wait_for(self._run(kwargs), timeout=self.timeout_s)
