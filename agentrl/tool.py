@@ -108,7 +108,9 @@ class Tool:
         self._enums = {
             k: h
             for k, h in typing.get_type_hints(fn).items()
-            if isinstance(h, type) and issubclass(h, enum.Enum) and k in self.parameters["properties"]
+            if isinstance(h, type)
+            and issubclass(h, enum.Enum)
+            and k in self.parameters["properties"]
         }
         self.timeout_s = timeout_s
         self.is_async = inspect.iscoroutinefunction(fn)
