@@ -1,0 +1,160 @@
+"""Long-lived processes of a local sandbox, and killing a command's whole process tree.
+
+The host sees a command as a chain ``sh -> prlimit -> setpriv -> bwrap`` (one pid, exec'd in
+turn) whose child is bwrap's pid-1 reaper, whose child is the command. ``Command.kill`` kills
+the chain's process group and every process in the command's leaf cgroup; without cgroups it
+kills the descendants psutil can still see and any process carrying the command's marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from agentrl.sandbox import SandboxProcess
+from sandboxes import _cgroup
+from sandboxes._host import kill_marked
+
+
+class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's stream protocol plus an event set when the process exits.
+
+    ``Process.wait()`` also waits for the pipes to close, which a leftover grandchild can
+    hold open forever; ``exited`` fires on the exit of the process itself.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=1 << 16, loop=loop)
+        self.exited = asyncio.Event()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.exited.set()
+
+
+@dataclass(slots=True)
+class Command:
+    """A started process chain and what is needed to kill it and its descendants."""
+
+    proc: asyncio.subprocess.Process
+    exited: asyncio.Event
+    leaf: _cgroup.Leaf | None
+    token: str  # the MARKER value in its processes' environment
+
+    @classmethod
+    async def start(
+        cls, chain: list[str], env: dict[str, str], leaf: _cgroup.Leaf | None, token: str,
+        **pipes: Any,
+    ) -> Command:  # fmt: skip
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _Protocol(loop), *chain, env=env, start_new_session=True, **pipes
+        )
+        return cls(
+            asyncio.subprocess.Process(transport, protocol, loop), protocol.exited, leaf, token
+        )
+
+    async def kill(self, cg: _cgroup.SandboxCgroup | None) -> None:
+        """SIGKILL the chain's process group and everything it started; wait for the exit."""
+        proc = self.proc
+        descendants: list[psutil.Process] = []
+        if cg is None:
+            with contextlib.suppress(psutil.Error):
+                descendants = psutil.Process(proc.pid).children(recursive=True)
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for p in descendants:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        if cg is not None and self.leaf is not None:
+            await cg.kill(self.leaf)
+        else:  # orphans that left the process tree still carry the token
+            kill_marked(self.token, exact=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10.0):
+                await self.exited.wait()
+
+    def close_pipes(self) -> None:
+        """Release our ends of the pipes (a leftover process may still hold the others)."""
+        transport = getattr(self.proc, "_transport", None)
+        if transport is not None:
+            transport.close()
+
+
+class LocalProcess(SandboxProcess):
+    """A process started by ``LocalSandbox.start_process`` (stdin/stdout piped, stderr merged)."""
+
+    def __init__(
+        self,
+        cmd: Command,
+        cg: _cgroup.SandboxCgroup | None,
+        on_exit: Callable[[LocalProcess], None],
+    ) -> None:
+        self._cmd = cmd
+        self._proc = cmd.proc
+        self._cg = cg
+        self._on_exit = on_exit
+        self._killed = False
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return not self._killed and self._proc.returncode is None
+
+    async def write(self, data: bytes) -> None:
+        if self._proc.stdin is None or not self.alive:
+            raise BrokenPipeError("the sandbox process has exited")
+        self._proc.stdin.write(data)
+        await self._proc.stdin.drain()
+
+    async def read(self, n: int = 65536) -> bytes:
+        if self._proc.stdout is None:
+            return b""
+        return await self._proc.stdout.read(n)
+
+    def _target(self) -> psutil.Process | None:
+        """The process the caller started: below bwrap and bwrap's pid-1 reaper, if present."""
+        try:
+            cur = psutil.Process(self._proc.pid)
+            while cur.name() == "bwrap":
+                kids = cur.children()
+                if not kids:
+                    return None
+                cur = kids[0]
+            return cur
+        except psutil.Error:
+            return None
+
+    async def interrupt(self) -> None:
+        target = self._target()
+        if target is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            kids = target.children(recursive=True)
+            for k in kids:
+                with contextlib.suppress(psutil.Error):
+                    k.kill()
+            psutil.wait_procs(kids, timeout=0)
+
+    async def kill(self) -> None:
+        if self._killed:
+            return
+        self._killed = True
+        try:
+            await self._cmd.kill(self._cg)
+            self._cmd.close_pipes()
+            if self._cg is not None and self._cmd.leaf is not None:
+                await self._cg.remove_leaf(self._cmd.leaf)
+        finally:
+            self._on_exit(self)

@@ -1,0 +1,370 @@
+"""Local sandboxes: bubblewrap namespaces + a per-sandbox cgroup + rlimits, on this machine.
+
+    sb = await make_sandbox("local", memory_mb=512)    # or LocalSandbox.create(Config(...))
+    r = await sb.exec("echo hi > f && cat f", timeout_s=5)   # runs in /workspace
+
+Each command is one process chain, started fresh (so there is no daemon to keep alive)::
+
+    sh (joins the command's leaf cgroup) -> prlimit (cpu, fsize, nofile, core)
+       -> setpriv (drop to an unprivileged uid when run as root) -> bwrap -> the command
+
+bwrap gives the command: a read-only view of ``ro_paths`` on an empty root (everything else on
+the host, other sandboxes included, does not exist), the sandbox's own writable workspace at
+``/workspace`` and its own ``/tmp`` (both host directories under ``root_dir``, so files persist
+between commands), fresh ``/proc`` and ``/dev``, new user/pid/ipc/uts/cgroup/net namespaces (no
+network unless ``allow_network``), a new session and a cleared environment. When the command
+returns, the pid namespace dies with it: background processes do not outlive an ``exec``.
+Long-lived processes (a bash session) use ``start_process``.
+
+Limits: memory and pids on the sandbox cgroup (all its commands together); CPU seconds, file size
+and open files per process through rlimits. A timeout kills the chain and everything in the
+command's cgroup. Without bubblewrap or cgroups the sandbox logs a WARNING naming what is
+missing and runs a plain subprocess with rlimits (``require_isolation=True`` raises instead).
+Files move through the sandbox's own processes (``cat``, ``tar``), never by host-side path
+lookups, so a symlink planted in the workspace cannot make the host read or write elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Self
+
+from agentrl.errors import ConfigError, SandboxError
+from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
+from sandboxes import _cgroup
+from sandboxes._files import ExecFileOps
+from sandboxes._host import (
+    MARKER,
+    bwrap_works,
+    check_traversable,
+    copy_tree,
+    kill_marked,
+    report_isolation,
+    ro_view,
+    root_dir,
+)
+from sandboxes._local_process import Command, LocalProcess
+
+logger = logging.getLogger(__name__)
+
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_RO_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
+
+
+class LocalSandbox(ExecFileOps):
+    kind = "local"
+
+    @dataclass(kw_only=True)
+    class Config:
+        root_dir: str = ""
+        """Host dir holding the sandboxes' dirs; "" means {tempdir}/agentrl-sandboxes."""
+        template_dir: str = ""
+        """Copied (reflink when the filesystem can) into each new workspace, e.g. a repo."""
+        ro_paths: list[str] = field(default_factory=lambda: list(DEFAULT_RO_PATHS))
+        """Host paths visible read-only inside (symlinks are kept as symlinks)."""
+        allow_network: bool = False
+        memory_mb: int = 2048
+        pids_max: int = 256
+        cpu_time_s: int = 600
+        """RLIMIT_CPU per process."""
+        file_size_mb: int = 1024
+        """RLIMIT_FSIZE: the largest file a process may write."""
+        nofile: int = 1024
+        uid: int = 65534
+        """When started as root, run commands as this uid/gid (-1: stay root)."""
+        exec_timeout_s: float = 120.0
+        max_output_bytes: int = 64 * 1024
+        """Per stream; the head and tail are kept around a truncation marker."""
+        max_file_bytes: int = 64 * 1024 * 1024
+        env: dict[str, str] = field(default_factory=dict)
+        require_isolation: bool = False
+        """Raise SandboxError instead of falling back when bwrap or cgroups are missing."""
+        use_bwrap: bool = True
+        use_cgroups: bool = True
+        cgroup_parent: str = "agentrl"
+
+    def __init__(self, config: Config, name: str, home: Path, cg: _cgroup.SandboxCgroup | None,
+                 bwrap: bool, uid: int | None) -> None:  # fmt: skip
+        self.config = config
+        self.max_file_bytes = config.max_file_bytes
+        self.name = name
+        self.home = home  # host dir: ws/ (the workspace) and tmp/
+        self.cgroup = cg
+        self.bwrap = bwrap
+        self.uid = uid
+        self.workdir = "/workspace" if bwrap else str(home / "ws")
+        self._procs: set[LocalProcess] = set()
+        self._serial = 0
+        self._closed = False
+
+    # --- creation -----------------------------------------------------------------------------
+    @classmethod
+    async def create(cls, config: object, *, name: str | None = None) -> Self:
+        if not isinstance(config, LocalSandbox.Config):
+            raise ConfigError(
+                f"LocalSandbox expects LocalSandbox.Config, got {type(config).__name__}"
+            )
+        name = name or new_name()
+        uid = config.uid if os.geteuid() == 0 and config.uid >= 0 else None
+        bwrap = (
+            config.use_bwrap
+            and await bwrap_works(uid, config.allow_network, config.ro_paths) is None
+        )
+        cg_reason = _cgroup.available(config.cgroup_parent) if config.use_cgroups else "disabled"
+        report_isolation(
+            config.require_isolation and (config.use_bwrap or config.use_cgroups), bwrap, cg_reason
+        )
+        home = root_dir(config.root_dir) / name
+        if uid is not None:
+            check_traversable(home.parent, uid)
+        home.mkdir(mode=0o755)
+        cg = None
+        try:
+            for sub in ("ws", "tmp"):
+                (home / sub).mkdir()
+                (home / sub).chmod(0o1777 if sub == "tmp" else 0o755)
+                if uid is not None:
+                    os.chown(home / sub, uid, uid)
+            if config.template_dir:
+                await copy_tree(Path(config.template_dir), home / "ws", uid)
+            if cg_reason is None:
+                cg = _cgroup.SandboxCgroup.create(
+                    name,
+                    parent=config.cgroup_parent,
+                    memory_bytes=config.memory_mb << 20,
+                    pids_max=config.pids_max,
+                )
+        except BaseException:
+            shutil.rmtree(home, ignore_errors=True)
+            raise
+        return cls(config, name, home, cg, bwrap, uid)
+
+    # --- commands --------------------------------------------------------------------------------
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        return await self._run(argv, timeout_s=timeout_s, cwd=cwd, env=env, stdin=data)
+
+    async def _run(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | IO[bytes] | None = None,
+        out_cap: int | None = None,
+        stdout_file: IO[bytes] | None = None,
+    ) -> ExecResult:
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        timeout = self.config.exec_timeout_s if timeout_s is None else timeout_s
+        out = OutputCap(out_cap or self.config.max_output_bytes)
+        err = OutputCap(self.config.max_output_bytes)
+        start = loop.time()
+        cmd = await self._spawn(
+            argv, cwd, env,
+            stdin=asyncio.subprocess.PIPE if isinstance(stdin, bytes) else (stdin or asyncio.subprocess.DEVNULL),
+            stdout=stdout_file or asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        proc = cmd.proc
+        pumps = [loop.create_task(_pump(proc.stderr, err))]
+        if proc.stdout is not None:
+            pumps.append(loop.create_task(_pump(proc.stdout, out)))
+        if isinstance(stdin, bytes):
+            pumps.append(loop.create_task(_feed(proc.stdin, stdin)))
+        timed_out = False
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    await cmd.exited.wait()
+            except TimeoutError:
+                timed_out = True
+        finally:
+            oom_killed = await asyncio.shield(self._reap(cmd, pumps))
+        return ExecResult(
+            exit_code=-1 if timed_out else (proc.returncode if proc.returncode is not None else -1),
+            stdout=out.text(),
+            stderr=err.text(),
+            timed_out=timed_out,
+            duration_s=loop.time() - start,
+            truncated=out.truncated or err.truncated,
+            oom_killed=oom_killed,
+        )
+
+    async def _reap(self, cmd: Command, pumps: list[asyncio.Task[None]]) -> bool:
+        """Kill what is left of a command, drain its pipes, free its leaf cgroup.
+        Returns whether the memory limit killed one of its processes."""
+        await cmd.kill(self.cgroup)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await asyncio.gather(*pumps, return_exceptions=True)
+        for t in pumps:
+            t.cancel()
+        cmd.close_pipes()
+        if self.cgroup is None or cmd.leaf is None:
+            return False
+        oom = self.cgroup.oom_kills(cmd.leaf) > 0
+        await self.cgroup.remove_leaf(cmd.leaf)
+        return oom
+
+    async def _spawn(
+        self, argv: list[str], cwd: str | None, env: Mapping[str, str] | None, **pipes: Any
+    ) -> Command:
+        """Start the chain; the token ``{name}/{n}`` marks the command's processes' environment."""
+        self._serial += 1
+        token = f"{self.name}/{self._serial}"
+        leaf = self.cgroup.new_leaf() if self.cgroup else None
+        chain = self._chain(argv, cwd, env, leaf, token)
+        outer_env = {"PATH": _PATH, MARKER: token} if self.bwrap else self._inner_env(env, token)
+        try:
+            return await Command.start(chain, outer_env, leaf, token, **pipes)
+        except BaseException:
+            if self.cgroup and leaf:
+                await self.cgroup.remove_leaf(leaf)
+            raise
+
+    def _inner_env(self, env: Mapping[str, str] | None, token: str) -> dict[str, str]:
+        tmp = "/tmp" if self.bwrap else str(self.home / "tmp")
+        base = {"PATH": _PATH, "HOME": self.workdir, "LANG": "C.UTF-8", "TERM": "dumb",
+                "TMPDIR": tmp, MARKER: token}  # fmt: skip
+        return {**base, **self.config.env, **(env or {})}
+
+    def _chain(
+        self,
+        argv: list[str],
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        leaf: _cgroup.Leaf | None,
+        token: str,
+    ) -> list[str]:
+        c = self.config
+        chain: list[str] = []
+        if leaf is not None:
+            join = (
+                'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
+            )
+            chain += ["/bin/sh", "-c", join, "sh", *leaf.procs_files, "--"]
+        if shutil.which("prlimit"):
+            chain += ["prlimit", f"--cpu={c.cpu_time_s}", f"--fsize={c.file_size_mb << 20}",
+                      f"--nofile={c.nofile}", "--core=0", "--"]  # fmt: skip
+        if self.uid is not None:
+            chain += [
+                "setpriv",
+                f"--reuid={self.uid}",
+                f"--regid={self.uid}",
+                "--clear-groups",
+                "--",
+            ]
+        workdir = self.resolve(cwd or self.workdir)
+        if not self.bwrap:
+            return [*chain, "/usr/bin/env", "-C", workdir, *argv]
+        return [*chain, *self._bwrap_args(workdir, env, token), "--", *argv]
+
+    def _bwrap_args(self, cwd: str, env: Mapping[str, str] | None, token: str) -> list[str]:
+        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+                "--hostname", "sandbox"]  # fmt: skip
+        if self.config.allow_network:
+            args.append("--share-net")
+        for k, v in self._inner_env(env, token).items():
+            args += ["--setenv", k, v]
+        args += ro_view(self.config.ro_paths)
+        root = str(root_dir(self.config.root_dir))
+        if any(root == p or root.startswith(p.rstrip("/") + "/") for p in self.config.ro_paths):
+            args += ["--tmpfs", root]  # hide the other sandboxes
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += [
+            "--bind",
+            str(self.home / "ws"),
+            "/workspace",
+            "--bind",
+            str(self.home / "tmp"),
+            "/tmp",
+        ]
+        return [*args, "--remount-ro", "/", "--chdir", cwd]
+
+    # --- processes, snapshot, close --------------------------------------------------------------
+    async def start_process(
+        self, argv: list[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> LocalProcess:
+        self._check_open()
+        cmd = await self._spawn(
+            argv, cwd, env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        lp = LocalProcess(cmd, self.cgroup, on_exit=self._procs.discard)
+        self._procs.add(lp)
+        return lp
+
+    async def snapshot(self) -> LocalSandbox:
+        """A new sandbox whose workspace is a copy (``cp --reflink=auto``) of this one's."""
+        self._check_open()
+        cfg = dataclasses.replace(self.config, template_dir=str(self.home / "ws"))
+        return await LocalSandbox.create(cfg, name=new_name(self.name + "-"))
+
+    async def is_alive(self) -> bool:
+        if self._closed or not (self.home / "ws").is_dir():
+            return False
+        return await super().is_alive()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for p in list(self._procs):
+            await p.kill()
+        if self.cgroup:
+            await self.cgroup.destroy()
+        else:
+            kill_marked(self.name + "/")
+        await asyncio.to_thread(shutil.rmtree, self.home, True)
+
+    @classmethod
+    async def sweep(cls, prefix: str, config: object | None = None) -> SweepReport:
+        cfg = config if isinstance(config, LocalSandbox.Config) else LocalSandbox.Config()
+        procs = kill_marked(prefix)
+        cg_procs, groups = (
+            await _cgroup.sweep(cfg.cgroup_parent, prefix) if _cgroup.version() else (0, 0)
+        )
+        dirs = 0
+        root = root_dir(cfg.root_dir)
+        for d in root.iterdir() if root.is_dir() else ():
+            if d.name.startswith(prefix):
+                await asyncio.to_thread(shutil.rmtree, d, True)
+                dirs += 1
+        return SweepReport(processes=procs + cg_procs, cgroups=groups, dirs=dirs)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.name} is closed")
+
+
+async def _pump(stream: asyncio.StreamReader | None, cap: OutputCap) -> None:
+    while stream is not None and (chunk := await stream.read(65536)):
+        cap.feed(chunk)
+
+
+async def _feed(stream: asyncio.StreamWriter | None, data: bytes) -> None:
+    if stream is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stream.write(data)
+        await stream.drain()
+        stream.close()

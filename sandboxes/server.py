@@ -1,0 +1,357 @@
+"""The sandbox server: sandboxes of a local backend, driven over HTTP by ``RemoteSandbox``.
+
+    python -m sandboxes.server --port 8771 --token "$AGENTRL_SANDBOX_TOKEN"   # on the sandbox host
+    sb = await make_sandbox("remote", url="http://host:8771", token=...)     # anywhere else
+
+    POST   /sandboxes                      {name, options} -> {id, name, workdir}
+    POST   /sandboxes/{id}/exec            {cmd, timeout_s, cwd, env, stdin_b64, request_id}
+    POST   /sandboxes/{id}/read_file       {path} -> {data_b64}
+    POST   /sandboxes/{id}/write_file      {path, data_b64, mode, request_id}
+    POST   /sandboxes/{id}/upload?path=&is_dir=&request_id=    body: the file, or a tar of a dir
+    POST   /sandboxes/{id}/download        {path} -> a tar of the file or directory
+    POST   /sandboxes/{id}/processes       {argv, cwd, env} -> {pid}; then .../{pid}/write|read|
+                                           interrupt|kill   (long-lived shells, e.g. the bash tool)
+    DELETE /sandboxes/{id}                 POST /sandboxes/sweep {prefix}    GET /health (no auth)
+
+Each server sandbox is a sandbox of ``backend`` (default "local": bubblewrap + cgroups); the
+client's name is kept, so ``sweep(prefix)`` reaches it, and a create retried with the same name
+returns the sandbox already made. Clients may set only the config keys
+in ``allowed_options`` (limits, by default; never paths). Mutating calls carry a request id
+and a retried id is answered from a cache, so a command never runs twice. Failures travel as
+``{"error": {"type", "message"}}``: file errors keep their Python type (``file_not_found``,
+``is_a_directory``, ``permission_denied``), sandbox failures are ``sandbox_error``. Sandboxes
+idle longer than ``idle_ttl_s`` are closed; stopping the server closes them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import io
+import logging
+import re
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from pydantic import BaseModel, Field
+
+from agentrl.errors import ConfigError, SandboxError
+from agentrl.sandbox import Sandbox, make_sandbox, new_name, sweep
+from agentrl.toolserver.http import (
+    NO_DOCS,
+    ApiError,
+    ReplayCache,
+    bearer_auth,
+    install_error_handlers,
+)
+from sandboxes._server_processes import PipedProcess, process_routes
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+TOKEN_ENV = "AGENTRL_SANDBOX_TOKEN"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_FILE_ERRORS = {FileNotFoundError: (404, "file_not_found"), IsADirectoryError:
+                (409, "is_a_directory"), PermissionError: (403, "permission_denied")}  # fmt: skip
+
+
+class CreateRequest(BaseModel):
+    name: str = ""
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExecRequest(BaseModel):
+    cmd: str | list[str]
+    timeout_s: float | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    stdin_b64: str | None = None
+    request_id: str = ""
+
+
+class PathRequest(BaseModel):
+    path: str
+
+
+class SweepRequest(BaseModel):
+    prefix: str
+
+
+class WriteRequest(BaseModel):
+    path: str
+    data_b64: str
+    mode: int | None = None
+    request_id: str = ""
+
+
+@dataclass(eq=False)
+class Entry:
+    sandbox: Sandbox
+    cache: ReplayCache[Any]
+    procs: dict[str, PipedProcess] = field(default_factory=dict)
+    last_used: float = field(default_factory=time.monotonic)
+    busy: int = 0
+
+
+class SandboxServer:
+    """Sandboxes of one backend, served over HTTP; see the module docstring."""
+
+    @dataclass(kw_only=True)
+    class Config:
+        token: str = ""
+        """Bearer token required on every route but /health ("" = none; loopback only)."""
+        backend: str = "local"
+        allowed_options: list[str] = field(default_factory=lambda: [
+            "memory_mb", "pids_max", "cpu_time_s", "file_size_mb", "nofile", "exec_timeout_s",
+            "max_output_bytes", "max_file_bytes"])  # fmt: skip
+        """Backend config keys a client may set per sandbox (add "allow_network" to allow it)."""
+        max_sandboxes: int = 64
+        idle_ttl_s: float = 1800.0
+        replay_cache: int = 64
+        """exec/write answers kept per sandbox for retried request ids."""
+        reap_interval_s: float = 10.0
+
+    def __init__(self, config: Config | None = None, sandbox_config: object | None = None):
+        self.config = config or SandboxServer.Config()
+        self.sandbox_config = sandbox_config
+        self.entries: dict[str, Entry] = {}
+        self.creating: set[str] = set()  # names being created
+        self.doomed: set[str] = set()  # names swept while being created: closed when made
+        self._reaper: asyncio.Task[None] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
+        await asyncio.gather(*(self.remove(sid) for sid in list(self.entries)))
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reap_interval_s)
+            now = time.monotonic()
+            for sid, e in list(self.entries.items()):
+                if e.busy == 0 and now - e.last_used > self.config.idle_ttl_s:
+                    logger.info("sandbox %s idle for over %.0fs; closing it", e.sandbox.name,
+                                self.config.idle_ttl_s)  # fmt: skip
+                    await self.remove(sid)
+
+    # --- sandboxes -------------------------------------------------------------------------
+    async def create(self, req: CreateRequest) -> tuple[str, Sandbox]:
+        if len(self.entries) >= self.config.max_sandboxes:
+            raise ApiError(503, "too_many_sandboxes", f"{len(self.entries)} sandboxes are open "
+                           "(max_sandboxes); close some first")  # fmt: skip
+        refused = sorted(set(req.options) - set(self.config.allowed_options))
+        if refused:
+            raise ApiError(403, "option_refused", f"this server does not let clients set "
+                           f"{refused}; allowed: {self.config.allowed_options}")  # fmt: skip
+        if req.name and not _NAME.fullmatch(req.name):
+            raise ApiError(400, "bad_name", f"sandbox name {req.name!r} is not "
+                           "[A-Za-z0-9_.-]{1,128}")  # fmt: skip
+        for sid, e in self.entries.items():  # a retried create: the one already made
+            if e.sandbox.name == req.name:
+                return sid, e.sandbox
+        if req.name in self.creating:
+            raise ApiError(409, "busy", f"sandbox {req.name} is being created; retry shortly")
+        name = req.name or new_name()
+        self.creating.add(name)
+        try:
+            sb = await make_sandbox(self.config.backend, self.sandbox_config, name=name,
+                                    **req.options)  # fmt: skip
+        except ConfigError as e:
+            raise ApiError(400, "config_error", str(e)) from e
+        except SandboxError as e:
+            raise ApiError(503, "sandbox_error", str(e)) from e
+        finally:
+            self.creating.discard(name)
+        if name in self.doomed:  # swept while it was being made (its client gave up on it)
+            self.doomed.discard(name)
+            await sb.close()
+            raise ApiError(410, "swept", f"sandbox {name} was swept while it was being created")
+        sid = uuid.uuid4().hex
+        self.entries[sid] = Entry(sandbox=sb, cache=ReplayCache(self.config.replay_cache))
+        return sid, sb
+
+    async def remove(self, sid: str) -> bool:
+        e = self.entries.pop(sid, None)
+        if e is None:
+            return False
+        for p in e.procs.values():
+            with contextlib.suppress(Exception):
+                await p.kill()
+        try:
+            await e.sandbox.close()
+        except Exception:
+            logger.exception("closing sandbox %s failed", e.sandbox.name)
+        return True
+
+    async def use(self, sid: str, fn: Callable[[Entry], Awaitable[T]], request_id: str = "") -> T:
+        """Run ``fn`` on a sandbox, mapping failures to structured errors."""
+        e = self.entries.get(sid)
+        if e is None:
+            raise ApiError(404, "unknown_sandbox", f"no sandbox {sid!r}: it was closed or idle "
+                           f"longer than {self.config.idle_ttl_s:g}s")  # fmt: skip
+        e.busy += 1
+        try:
+            seen = e.cache.get(request_id)
+            if seen is not None:
+                return await asyncio.shield(seen)  # type: ignore[no-any-return]
+            return await e.cache.run(request_id, lambda: fn(e))  # type: ignore[no-any-return]
+        except tuple(_FILE_ERRORS) as err:
+            status, kind = _FILE_ERRORS[type(err)]
+            raise ApiError(status, kind, str(err)) from err
+        except (SandboxError, OSError) as err:
+            raise ApiError(500, "sandbox_error", str(err)) from err
+        finally:
+            e.busy -= 1
+            e.last_used = time.monotonic()
+
+    # --- HTTP ------------------------------------------------------------------------------
+    def app(self) -> FastAPI:
+        @contextlib.asynccontextmanager
+        async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+            await self.start()
+            try:
+                yield
+            finally:
+                await self.close()
+
+        app = FastAPI(title="agentrl sandbox server", lifespan=lifespan, **NO_DOCS)
+        install_error_handlers(app)
+        app.get("/health")(lambda: {"ok": True, "sandboxes": len(self.entries)})
+        app.include_router(_router(self), dependencies=[Depends(bearer_auth(self.config.token))])
+        return app
+
+
+def _router(srv: SandboxServer) -> APIRouter:
+    r = APIRouter(prefix="/sandboxes")
+
+    @r.post("")
+    async def create(req: CreateRequest) -> dict[str, str]:
+        sid, sb = await srv.create(req)
+        return {"id": sid, "name": sb.name, "workdir": sb.workdir}
+
+    @r.delete("/{sid}")
+    async def remove(sid: str) -> dict[str, bool]:
+        return {"closed": await srv.remove(sid)}
+
+    @r.post("/{sid}/exec")
+    async def exec_(sid: str, req: ExecRequest) -> dict[str, Any]:
+        stdin = base64.b64decode(req.stdin_b64) if req.stdin_b64 is not None else None
+
+        async def run(e: Entry) -> dict[str, Any]:
+            res = await e.sandbox.exec(req.cmd, timeout_s=req.timeout_s, cwd=req.cwd,
+                                       env=req.env, stdin=stdin)  # fmt: skip
+            return {k: getattr(res, k) for k in ("exit_code", "stdout", "stderr", "timed_out",
+                                                 "duration_s", "truncated", "oom_killed")}  # fmt: skip
+
+        return await srv.use(sid, run, req.request_id)
+
+    @r.post("/{sid}/read_file")
+    async def read_file(sid: str, req: PathRequest) -> dict[str, str]:
+        data = await srv.use(sid, lambda e: e.sandbox.read_file(req.path))
+        return {"data_b64": base64.b64encode(data).decode()}
+
+    @r.post("/{sid}/write_file")
+    async def write_file(sid: str, req: WriteRequest) -> dict[str, bool]:
+        data = base64.b64decode(req.data_b64)
+        await srv.use(sid, lambda e: e.sandbox.write_file(req.path, data, mode=req.mode),
+                      req.request_id)  # fmt: skip
+        return {"ok": True}
+
+    _transfer_routes(r, srv)
+
+    @r.post("/sweep")
+    async def sweep_(req: SweepRequest) -> dict[str, int]:
+        return {"closed": await _sweep(srv, req.prefix)}
+
+    process_routes(r, srv)
+    return r
+
+
+def _transfer_routes(r: APIRouter, srv: SandboxServer) -> None:
+    """upload (a file, or a tar of a directory, as the body) and download (a tar)."""
+
+    @r.post("/{sid}/upload")
+    async def upload(sid: str, request: Request, path: str, is_dir: bool = False,
+                     request_id: str = "") -> dict[str, bool]:  # fmt: skip
+        body = await request.body()
+
+        async def run(e: Entry) -> None:
+            with tempfile.TemporaryDirectory(prefix="agentrl-upload-") as tmp:
+                src = Path(tmp) / "payload"
+                if is_dir:
+                    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+                        try:
+                            tar.extractall(src, filter="data")
+                        except tarfile.FilterError as err:
+                            raise SandboxError(f"refusing to upload {path}: {err}") from None
+                else:
+                    src.write_bytes(body)
+                await e.sandbox.upload(src, path)
+
+        await srv.use(sid, run, request_id)
+        return {"ok": True}
+
+    @r.post("/{sid}/download")
+    async def download(sid: str, req: PathRequest) -> Response:
+        async def run(e: Entry) -> bytes:
+            with tempfile.TemporaryDirectory(prefix="agentrl-download-") as tmp:
+                dst = Path(tmp) / Path(req.path).name
+                await e.sandbox.download(req.path, dst)
+                buf = io.BytesIO()
+                with tarfile.open(fileobj=buf, mode="w") as tar:
+                    tar.add(dst, arcname=dst.name, recursive=True)
+                return buf.getvalue()
+
+        return Response(await srv.use(sid, run), media_type="application/x-tar")
+
+
+async def _sweep(srv: SandboxServer, prefix: str) -> int:
+    if len(prefix) < 4:
+        raise ApiError(400, "bad_prefix", f"sweep prefix {prefix!r} is too short")
+    srv.doomed.update(n for n in srv.creating if n.startswith(prefix))
+    victims = [sid for sid, e in srv.entries.items() if e.sandbox.name.startswith(prefix)]
+    for sid in victims:
+        await srv.remove(sid)
+    await sweep(srv.config.backend, prefix, srv.sandbox_config)
+    return len(victims)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m sandboxes.server [--host H] [--port P] [--token T]``."""
+    import os
+
+    import uvicorn
+
+    from agentrl.toolserver.http import check_bind
+
+    p = argparse.ArgumentParser(prog="python -m sandboxes.server", description=main.__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8771)
+    p.add_argument("--token", default=os.environ.get(TOKEN_ENV, ""))
+    p.add_argument("--backend", default="local")
+    p.add_argument("--max-sandboxes", type=int, default=64)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    check_bind(a.host, a.token)
+    cfg = SandboxServer.Config(token=a.token, backend=a.backend, max_sandboxes=a.max_sandboxes)
+    uvicorn.run(SandboxServer(cfg).app(), host=a.host, port=a.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Hostile commands against every sandbox backend: each must be contained, and leave nothing.
+
+The ``make`` fixture closes every sandbox after the test and fails it if a process, cgroup or
+host directory of the sandbox is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.errors import SandboxError
+from tests.sandboxes.conftest import MakeSandbox, marked_processes, read_until
+
+
+async def test_host_secrets_are_hidden(make: MakeSandbox, tmp_path: Path) -> None:
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("hunter2")
+    sb = await make()
+    r = await sb.exec(f"ls /root; cat {secret}; cat /etc/shadow; ls /home", timeout_s=10)
+    assert "hunter2" not in r.output
+    with pytest.raises(FileNotFoundError):
+        await sb.read_file(str(secret))
+
+
+async def test_other_sandbox_workspace_is_hidden(make: MakeSandbox) -> None:
+    a = await make()
+    b = await make()
+    await b.write_file("secret.txt", "b-only-token")
+    host_path = Path(getattr(b, "home", "/nonexistent")) / "ws" / "secret.txt"
+    r = await a.exec(
+        f"cat {host_path}; ls {host_path.parent.parent.parent}; "
+        "find / -path /proc -prune -o -name secret.txt -print; echo done",
+        timeout_s=60,
+    )
+    assert "b-only-token" not in r.stdout and "secret.txt" not in r.stdout, r.stdout
+    assert r.stdout.strip().endswith("done")
+
+
+async def test_other_processes_are_hidden(make: MakeSandbox) -> None:
+    env = {**os.environ, "HOST_SECRET_TOKEN": "s3cr3t-env-value"}
+    host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        sb = await make()
+        r = await sb.exec(
+            f"cat /proc/{host.pid}/environ; cat /proc/*/environ | tr '\\0' '\\n'; ls /proc",
+            timeout_s=10,
+        )
+        assert "s3cr3t-env-value" not in r.output
+        assert str(host.pid) not in r.stdout.split()
+        r = await sb.exec("env", timeout_s=10)
+        assert "HOST_SECRET_TOKEN" not in r.stdout
+    finally:
+        host.kill()
+        host.wait()
+
+
+async def test_host_is_read_only(make: MakeSandbox) -> None:
+    sb = await make()
+    before = Path("/etc/hostname").read_bytes() if Path("/etc/hostname").exists() else b""
+    r = await sb.exec("echo pwned > /etc/hostname; touch /usr/pwned; mkdir /pwned", timeout_s=10)
+    assert r.exit_code != 0
+    assert not Path("/usr/pwned").exists() and not Path("/pwned").exists()
+    if before:
+        assert Path("/etc/hostname").read_bytes() == before
+    with pytest.raises(SandboxError):
+        await sb.write_file("/usr/pwned2", "x")
+    await sb.write_file("ok.txt", "inside")  # the workspace itself is writable
+    assert await sb.read_file("ok.txt") == b"inside"
+
+
+async def test_symlink_to_host_file_does_not_leak_through_file_api(
+    make: MakeSandbox, tmp_path: Path
+) -> None:
+    secret = tmp_path / "host-only.txt"
+    secret.write_text("host-only-data")
+    sb = await make()
+    await sb.exec(f"ln -s {secret} link && ln -s /etc/shadow shadow", timeout_s=10)
+    with pytest.raises(FileNotFoundError):
+        await sb.read_file("link")
+    with pytest.raises(PermissionError):
+        await sb.read_file("shadow")
+    with pytest.raises(SandboxError, match="refusing"):  # a link out of the tree is not extracted
+        await sb.download("link", tmp_path / "downloaded")
+    assert not (tmp_path / "downloaded").exists()
+
+
+async def test_fork_bomb_is_contained(make: MakeSandbox) -> None:
+    sb = await make(pids_max=64)
+    r = await sb.exec(":(){ :|:& };:", timeout_s=5)
+    assert r.exit_code != 0 or r.timed_out
+    after = await sb.exec("echo still-alive", timeout_s=10)
+    assert after.stdout == "still-alive\n"
+
+
+async def test_memory_hog_is_killed(make: MakeSandbox) -> None:
+    sb = await make(memory_mb=128)
+    r = await sb.exec(["python3", "-c", "x = bytearray(1 << 30); print('allocated')"], timeout_s=30)
+    assert r.exit_code != 0
+    assert "allocated" not in r.stdout
+    assert r.oom_killed
+    assert (await sb.exec("echo ok", timeout_s=10)).stdout == "ok\n"
+
+
+async def test_infinite_loop_times_out_and_leaves_nothing(make: MakeSandbox) -> None:
+    sb = await make()
+    r = await sb.exec("sh -c 'while :; do :; done' & while :; do :; done", timeout_s=1)
+    assert r.timed_out and r.exit_code == -1
+    assert marked_processes(sb.name) == []
+
+
+async def test_cpu_time_limit(make: MakeSandbox) -> None:
+    sb = await make(cpu_time_s=1)
+    r = await sb.exec(["python3", "-c", "while True: pass"], timeout_s=60)
+    assert not r.timed_out
+    assert r.exit_code != 0
+
+
+async def test_huge_output_is_capped(make: MakeSandbox) -> None:
+    sb = await make(max_output_bytes=4096)
+    r = await sb.exec("head -c 50000000 /dev/zero | tr '\\0' a; echo END", timeout_s=60)
+    assert r.truncated
+    assert len(r.stdout) < 4096 + 100
+    assert "bytes truncated" in r.stdout
+    assert r.stdout.endswith("END\n")  # the tail is kept
+    endless = await sb.exec("yes", timeout_s=1)
+    assert endless.timed_out and endless.truncated and len(endless.stdout) < 4096 + 100
+
+
+async def test_big_file_hits_size_limit(make: MakeSandbox) -> None:
+    sb = await make(file_size_mb=16)
+    r = await sb.exec("head -c 2G /dev/zero > big.bin; stat -c %s big.bin", timeout_s=60)
+    size = int(r.stdout.split()[-1])
+    assert size <= 16 << 20
+
+
+async def _loopback_server() -> tuple[asyncio.Server, int, list[bool]]:
+    hits: list[bool] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hits.append(True)
+        writer.write(b"hello from host\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], hits
+
+
+CONNECT = "import socket,sys; s=socket.create_connection(('127.0.0.1', int(sys.argv[1])), 3); print(s.recv(100).decode())"
+
+
+async def test_no_network_by_default(make: MakeSandbox) -> None:
+    server, port, hits = await _loopback_server()
+    async with server:
+        sb = await make()
+        r = await sb.exec(["python3", "-c", CONNECT, str(port)], timeout_s=20)
+        assert r.exit_code != 0
+        assert "hello from host" not in r.stdout
+        assert hits == []
+
+
+async def test_network_when_allowed(make: MakeSandbox) -> None:
+    server, port, hits = await _loopback_server()
+    async with server:
+        sb = await make(allow_network=True)
+        r = await sb.exec(["python3", "-c", CONNECT, str(port)], timeout_s=20)
+        assert "hello from host" in r.stdout, r.stderr
+        assert hits == [True]
+
+
+async def test_background_processes_do_not_outlive_exec(make: MakeSandbox) -> None:
+    sb = await make()
+    r = await sb.exec(
+        "sleep 1000 & setsid sleep 1001 & (nohup sleep 1002 >/dev/null 2>&1 &); echo started",
+        timeout_s=10,
+    )
+    assert r.stdout == "started\n"
+    assert marked_processes(sb.name) == []
+
+
+async def test_background_process_of_session_dies_at_close(make: MakeSandbox) -> None:
+    sb = await make()
+    proc = await sb.start_process(["/bin/sh"])
+    await proc.write(b"setsid sleep 1000 & sleep 1001 & echo ready\n")
+    assert b"ready" in await read_until(proc, b"ready")
+    assert len(marked_processes(sb.name)) >= 2
+    await sb.close()
+    assert marked_processes(sb.name) == []
+    with pytest.raises(SandboxError):
+        await sb.exec("true")
+
+
+async def test_killing_own_parents_is_harmless(make: MakeSandbox) -> None:
+    sb = await make()
+    r = await sb.exec("kill -9 $PPID; kill -9 1; sleep 1; echo survived", timeout_s=10)
+    assert not r.timed_out
+    assert (await sb.exec("echo next", timeout_s=10)).stdout == "next\n"

@@ -1,0 +1,210 @@
+"""LocalSandbox behaviour: commands, files, snapshots, fallbacks, and sweeping a killed run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agentrl.errors import ConfigError, SandboxError, UnknownIdError
+from agentrl.sandbox import make_sandbox, sweep
+from sandboxes import _cgroup, _host
+from tests.sandboxes.conftest import MakeSandbox, local_ready, marked_processes, read_until
+
+pytestmark = pytest.mark.skipif(local_ready() is not None, reason=str(local_ready()))
+
+
+@pytest.fixture
+def backend() -> str:
+    return "local"
+
+
+async def test_exec_cwd_env_stdin(make: MakeSandbox) -> None:
+    sb = await make(env={"FROM_CONFIG": "cfg"})
+    await sb.exec("mkdir -p sub/dir", timeout_s=10)
+    r = await sb.exec("pwd; echo $FROM_CONFIG $FROM_CALL; cat", cwd="sub/dir",
+                      env={"FROM_CALL": "call"}, stdin="piped\n", timeout_s=10)  # fmt: skip
+    assert r.stdout == f"{sb.workdir}/sub/dir\ncfg call\npiped\n"
+    r = await sb.exec(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout_s=10)
+    assert (r.exit_code, r.stdout, r.stderr, r.ok) == (3, "out\n", "err\n", False)
+
+
+async def test_files_round_trip(make: MakeSandbox, tmp_path: Path) -> None:
+    sb = await make()
+    blob = bytes(range(256)) * 100
+    await sb.write_file("deep/dir/blob.bin", blob)
+    assert await sb.read_file(f"{sb.workdir}/deep/dir/blob.bin") == blob
+    await sb.write_file("run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
+    assert (await sb.exec("./run.sh", timeout_s=10)).stdout == "ran\n"
+    with pytest.raises(FileNotFoundError):
+        await sb.read_file("missing.txt")
+    with pytest.raises(IsADirectoryError):
+        await sb.read_file("deep")
+
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("X = 1\n")
+    (src / "top.txt").write_text("top\n")
+    await sb.upload(src, "project")
+    await sb.upload(src / "top.txt", "single/top.txt")
+    r = await sb.exec("cat project/pkg/mod.py single/top.txt", timeout_s=10)
+    assert r.stdout == "X = 1\ntop\n"
+    await sb.exec("echo changed > project/top.txt", timeout_s=10)
+    await sb.download("project", tmp_path / "back")
+    assert (tmp_path / "back" / "top.txt").read_text() == "changed\n"
+    assert (tmp_path / "back" / "pkg" / "mod.py").read_text() == "X = 1\n"
+    await sb.download("single/top.txt", tmp_path / "one.txt")
+    assert (tmp_path / "one.txt").read_text() == "top\n"
+
+
+async def test_read_file_size_cap(make: MakeSandbox) -> None:
+    sb = await make(max_file_bytes=1000)
+    await sb.exec("head -c 5000 /dev/zero > big", timeout_s=10)
+    with pytest.raises(SandboxError, match="max_file_bytes"):
+        await sb.read_file("big")
+
+
+async def test_template_and_snapshot_are_independent_copies(
+    make: MakeSandbox, tmp_path: Path
+) -> None:
+    template = tmp_path / "repo"
+    template.mkdir()
+    (template / "a.py").write_text("print('v1')\n")
+    sb = await make(template_dir=str(template))
+    assert (await sb.exec("python3 a.py", timeout_s=10)).stdout == "v1\n"
+    await sb.write_file("a.py", "print('v2')\n")  # template files are writable by the sandbox
+    snap = await sb.snapshot()
+    try:
+        await sb.write_file("a.py", "print('v3')\n")
+        assert (await snap.exec("python3 a.py", timeout_s=10)).stdout == "v2\n"
+        assert snap.name.startswith(sb.name)  # same run prefix: sweep() finds snapshots too
+    finally:
+        await snap.close()
+    assert (template / "a.py").read_text() == "print('v1')\n"
+
+
+async def test_close_is_idempotent_and_final(make: MakeSandbox) -> None:
+    sb = await make()
+    assert await sb.is_alive()
+    await sb.close()
+    await sb.close()
+    assert not await sb.is_alive()
+    with pytest.raises(SandboxError, match="closed"):
+        await sb.exec("true")
+
+
+async def test_interrupt_keeps_the_process(make: MakeSandbox) -> None:
+    sb = await make()
+    proc = await sb.start_process(["/bin/sh"])
+    await proc.write(b"sleep 1000; echo after-interrupt\n")
+    await asyncio.sleep(0.3)
+    await proc.interrupt()
+    assert b"after-interrupt" in await read_until(proc, b"after-interrupt")
+    assert proc.alive
+    await proc.kill()
+    assert not proc.alive
+
+
+async def test_fallback_without_isolation_warns_and_still_limits(
+    make: MakeSandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    _host._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="sandboxes._host"):
+        sb = await make(use_bwrap=False, use_cgroups=False)
+    assert "no bubblewrap" in caplog.text and "no cgroups" in caplog.text
+    r = await sb.exec("pwd; sleep 1000 & (setsid sleep 1001 &); while :; do :; done", timeout_s=1)
+    assert r.timed_out
+    assert r.stdout.strip() == sb.workdir
+    assert marked_processes(sb.name) == []
+    r = await sb.exec("id -u", timeout_s=10)
+    if os.geteuid() == 0:
+        assert r.stdout.strip() == "65534"
+
+
+async def test_require_isolation_raises_instead_of_falling_back(make: MakeSandbox) -> None:
+    with pytest.raises(SandboxError, match="bubblewrap"):
+        await make(use_bwrap=False, require_isolation=True)
+
+
+async def test_registry_and_config_errors() -> None:
+    with pytest.raises(UnknownIdError, match="Did you mean 'local'"):
+        await make_sandbox("locl")
+    with pytest.raises(ConfigError, match="memory_md"):
+        await make_sandbox("local", memory_md=1)
+    with pytest.raises(ConfigError, match="too short"):
+        await sweep("local", "a")
+
+
+def name_of(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.Error:  # exited meanwhile
+        return ""
+
+
+KILLED_RUN = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from agentrl.sandbox import make_sandbox, new_name
+    async def main():
+        for use_bwrap in (True, False):
+            sb = await make_sandbox("local", name=new_name(sys.argv[1]), root_dir=sys.argv[2],
+                                    use_bwrap=use_bwrap)
+            p = await sb.start_process(["/bin/sh"])
+            await p.write(b"sleep 1000 & setsid sleep 1001 & echo up\\n")
+            await p.read()
+        print("ready", flush=True)
+        os._exit(0)  # die without closing anything
+    asyncio.run(main())
+    """
+)
+
+
+async def test_sweep_removes_leftovers_of_a_killed_run(sandbox_root: str) -> None:
+    from sandboxes.local import LocalSandbox
+
+    prefix = f"agentrl-killed{os.getpid()}-"
+    try:
+        out = subprocess.run([sys.executable, "-c", KILLED_RUN, prefix, sandbox_root],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "ready" in out.stdout, out.stderr
+        # bwrap's processes die with their parent; the unwrapped sandbox's are left behind
+        for _ in range(500):  # the kernel delivers the parent-death signals asynchronously
+            names = [name_of(p) for p in marked_processes(prefix)]
+            if "bwrap" not in names:
+                break
+            await asyncio.sleep(0.01)
+        assert "sleep" in names and "bwrap" not in names
+        assert sum(p.name.startswith(prefix) for p in Path(sandbox_root).iterdir()) == 2
+    finally:  # the sweep under test also keeps a failed run from leaking
+        report = await sweep("local", prefix, LocalSandbox.Config(root_dir=sandbox_root))
+
+    assert report.processes >= 2 and report.dirs == 2
+    assert marked_processes(prefix) == []
+    assert not any(p.name.startswith(prefix) for p in Path(sandbox_root).iterdir())
+    if _cgroup.version() is not None:
+        assert report.cgroups >= 2
+        leftover = [d for base in _cgroup._bases("agentrl") for d in base.glob(prefix + "*")]
+        assert leftover == []
+
+
+async def test_sandbox_root_is_masked_when_under_a_visible_path(
+    make: MakeSandbox, sandbox_root: str
+) -> None:
+    from sandboxes.local import LocalSandbox
+
+    a = await make(ro_paths=[*LocalSandbox.Config().ro_paths, sandbox_root])
+    b = await make()
+    await b.write_file("secret.txt", "b-only")
+    r = await a.exec(
+        f"ls -A {sandbox_root}; cat {sandbox_root}/{b.name}/ws/secret.txt", timeout_s=10
+    )
+    assert "b-only" not in r.stdout
+    assert r.stdout.strip() == ""
