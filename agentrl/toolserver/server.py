@@ -1,0 +1,318 @@
+"""The tool server: a ToolSet over HTTP, one sandbox per session.
+
+    server = ToolServer(swe_toolset(), ToolServer.Config(token="s3cret", sandbox="local"))
+    uvicorn.run(server.app(), host="127.0.0.1", port=8770)     # or: agentrl tools serve ...
+
+    POST   /sessions                    -> {"session_id", "tools"}   (a sandbox from the pool)
+    GET    /tools                       -> [OpenAI function-tool schema, ...]
+    POST   /sessions/{id}/call          {name, arguments, request_id} -> ToolResult JSON
+    DELETE /sessions/{id}               closes the session and its sandbox
+    GET    /health (no auth)            GET /metrics -> calls, errors, latency per tool
+
+How a call moves: bearer auth -> the session (404 if unknown or expired) -> the replay cache
+(a request_id seen before returns its first answer; nothing runs twice) -> the session's token
+bucket (over the limit: an error result the model reads) -> ``ToolSet.call`` with the session's
+sandbox injected, under the tool's timeout -> ``ToolResult`` JSON. The model's mistakes, tool
+exceptions, timeouts and rate limits come back as ``is_error`` results with HTTP 200; only the
+machinery's failures are HTTP errors: a ``SandboxError`` is 502 ``sandbox_error`` (the client
+raises ``SandboxError``), a wiring bug (``ToolError``) is 500 ``tool_error``.
+
+Sessions idle longer than ``session_ttl_s`` are closed by a reaper; closing the server closes
+every session and the sandbox pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Response
+from pydantic import BaseModel, Field
+
+from agentrl.errors import ConfigError, SandboxError, ToolError
+from agentrl.sandbox import Sandbox
+from agentrl.sandbox_pool import SandboxPool
+from agentrl.tool import ToolResult, ToolSet
+from agentrl.toolserver.http import (
+    NO_DOCS,
+    ApiError,
+    ReplayCache,
+    TokenBucket,
+    bearer_auth,
+    install_error_handlers,
+)
+from agentrl.types import JSON, ToolCall
+
+logger = logging.getLogger(__name__)
+
+
+class CallRequest(BaseModel):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    request_id: str = ""
+
+
+@dataclass(slots=True)
+class ToolStats:
+    calls: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    latency_s_sum: float = 0.0
+    latency_s_max: float = 0.0
+
+    def to_json(self) -> JSON:
+        mean = self.latency_s_sum / self.calls if self.calls else 0.0
+        return {"calls": self.calls, "errors": self.errors, "timeouts": self.timeouts,
+                "latency_s_mean": mean, "latency_s_max": self.latency_s_max}  # fmt: skip
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    bucket: TokenBucket
+    cache: ReplayCache[ToolResult]
+    sandbox: Sandbox | None = None
+    stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+    last_used: float = field(default_factory=time.monotonic)
+    busy: int = 0
+
+
+class ToolServer:
+    """Serve ``tools`` over HTTP; each session gets its own sandbox when a tool takes one."""
+
+    @dataclass(kw_only=True)
+    class Config:
+        token: str = ""
+        """Bearer token required on every route but /health ("" = none; loopback only)."""
+        sandbox: str = ""
+        """Sandbox backend for sessions; "" = "local" if a tool takes a sandbox, "none" = never."""
+        pool: SandboxPool.Config = field(default_factory=SandboxPool.Config)
+        call_timeout_s: float = 300.0
+        """Longest a call may run; then the model reads a timeout error."""
+        tool_timeouts_s: dict[str, float] = field(default_factory=dict)
+        """Per-tool overrides of call_timeout_s, by tool name."""
+        rate_per_s: float = 20.0
+        """Calls per second a session may make, on average (token bucket)."""
+        burst: int = 40
+        """Calls a session may make at once before the rate applies."""
+        session_ttl_s: float = 1800.0
+        """Sessions idle longer than this are closed with their sandbox."""
+        max_sessions: int = 1024
+        replay_cache: int = 256
+        """Answers kept per session for retried request ids."""
+        reap_interval_s: float = 5.0
+
+    def __init__(
+        self, tools: ToolSet, config: Config | None = None, sandbox_config: object | None = None
+    ) -> None:
+        self.tools = tools
+        self.config = config or ToolServer.Config()
+        wants_sandbox = any("sandbox" in t.inject for t in tools)
+        kind = self.config.sandbox or ("local" if wants_sandbox else "none")
+        self.pool = SandboxPool(kind, sandbox_config, self.config.pool) if kind != "none" else None
+        if wants_sandbox and self.pool is None:
+            logger.warning("tools %s take a sandbox but sandbox='none'", tools.names)
+        self.sessions: dict[str, Session] = {}
+        self.stats: dict[str, ToolStats] = {}
+        self.counters = {"sessions_opened": 0, "sessions_closed": 0, "sessions_expired": 0,
+                         "rate_limited": 0, "replayed": 0}  # fmt: skip
+        self._reaper: asyncio.Task[None] | None = None
+        self._pending = 0  # sessions waiting for a sandbox
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.pool is not None:
+            self.pool.start()
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+
+    async def close(self) -> None:
+        """Close every session and the sandbox pool."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
+        await asyncio.gather(*(self.close_session(sid) for sid in list(self.sessions)))
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reap_interval_s)
+            await self.reap()
+
+    async def reap(self) -> int:
+        """Close sessions idle longer than ``session_ttl_s``; returns how many."""
+        now = time.monotonic()
+        old = [s.id for s in self.sessions.values()
+               if s.busy == 0 and now - s.last_used > self.config.session_ttl_s]  # fmt: skip
+        for sid in old:
+            logger.info("tool session %s idle for over %.0fs; closing it", sid,
+                        self.config.session_ttl_s)  # fmt: skip
+            await self.close_session(sid)
+        self.counters["sessions_expired"] += len(old)
+        return len(old)
+
+    # --- sessions --------------------------------------------------------------------------
+    async def open_session(self) -> Session:
+        if len(self.sessions) + self._pending >= self.config.max_sessions:
+            raise ApiError(503, "too_many_sessions",
+                           f"{len(self.sessions)} sessions are open (max_sessions); close some "
+                           "with DELETE /sessions/{id}")  # fmt: skip
+        c = self.config
+        s = Session(id=uuid.uuid4().hex, bucket=TokenBucket(c.rate_per_s, c.burst),
+                    cache=ReplayCache(c.replay_cache))  # fmt: skip
+        if self.pool is not None:
+            self._pending += 1
+            try:
+                s.sandbox = await s.stack.enter_async_context(self.pool.acquire())
+            except SandboxError as e:
+                raise ApiError(503, "sandbox_error", f"no sandbox for a new session: {e}") from e
+            finally:
+                self._pending -= 1
+        self.sessions[s.id] = s
+        self.counters["sessions_opened"] += 1
+        return s
+
+    async def close_session(self, session_id: str) -> bool:
+        s = self.sessions.pop(session_id, None)
+        if s is None:
+            return False
+        try:
+            await s.stack.aclose()
+        except Exception:
+            logger.exception("closing tool session %s failed", session_id)
+        self.counters["sessions_closed"] += 1
+        return True
+
+    def session(self, session_id: str) -> Session:
+        s = self.sessions.get(session_id)
+        if s is None:
+            raise ApiError(404, "unknown_session",
+                           f"no session {session_id!r}: it was closed or idle longer than "
+                           f"{self.config.session_ttl_s:g}s; open a new one with POST /sessions")  # fmt: skip
+        return s
+
+    # --- calls -----------------------------------------------------------------------------
+    async def call(self, session_id: str, req: CallRequest) -> tuple[ToolResult, bool]:
+        """Run one call in a session; returns (result, replayed)."""
+        s = self.session(session_id)
+        s.busy += 1
+        try:
+            seen = s.cache.get(req.request_id)
+            if seen is not None:
+                self.counters["replayed"] += 1
+                return await asyncio.shield(seen), True
+            wait = s.bucket.take()
+            if wait:
+                self.counters["rate_limited"] += 1
+                msg = (f"Error: rate limit: this session may make {self.config.rate_per_s:g} "
+                       f"tool calls per second; try again in {wait:.1f}s.")  # fmt: skip
+                return ToolResult(content=msg, is_error=True,
+                                  metadata={"error": "rate_limited", "retry_after_s": wait}), False  # fmt: skip
+            return await s.cache.run(req.request_id, lambda: self._run(s, req)), False
+        finally:
+            s.busy -= 1
+            s.last_used = time.monotonic()
+
+    async def _run(self, s: Session, req: CallRequest) -> ToolResult:
+        stats = self.stats.setdefault(req.name if req.name in self.tools else "(unknown)",
+                                      ToolStats())  # fmt: skip
+        timeout = self.config.tool_timeouts_s.get(req.name, self.config.call_timeout_s)
+        tc = ToolCall(name=req.name, arguments=req.arguments, id=req.request_id or uuid.uuid4().hex)
+        injected = {"sandbox": s.sandbox} if s.sandbox is not None else {}
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(timeout):
+                result = await self.tools.call(tc, **injected)
+        except TimeoutError:
+            stats.timeouts += 1
+            result = ToolResult(content=f"Error: tool {req.name!r} timed out after {timeout:g}s.",
+                                is_error=True, metadata={"error": "timeout"})  # fmt: skip
+        except SandboxError as e:
+            stats.errors += 1
+            raise ApiError(502, "sandbox_error", str(e)) from e
+        except ToolError as e:
+            stats.errors += 1
+            raise ApiError(500, "tool_error", str(e)) from e
+        finally:
+            dt = time.perf_counter() - t0
+            stats.calls += 1
+            stats.latency_s_sum += dt
+            stats.latency_s_max = max(stats.latency_s_max, dt)
+        stats.errors += int(result.is_error)
+        return result
+
+    def metrics(self) -> JSON:
+        pool = self.pool.stats() if self.pool is not None else None
+        return {
+            "tools": {name: st.to_json() for name, st in sorted(self.stats.items())},
+            "sessions_open": len(self.sessions),
+            **self.counters,
+            "sandboxes_live": pool.live if pool is not None else 0,
+        }
+
+    # --- HTTP ------------------------------------------------------------------------------
+    def app(self) -> FastAPI:
+        """The FastAPI app; its lifespan starts and closes this server."""
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+            await self.start()
+            try:
+                yield
+            finally:
+                await self.close()
+
+        app = FastAPI(
+            title=f"agentrl tool server ({self.tools.name})", lifespan=lifespan, **NO_DOCS
+        )
+        install_error_handlers(app)
+        app.get("/health")(lambda: {"ok": True, "tools": len(self.tools)})
+        app.include_router(self._router(), dependencies=[Depends(bearer_auth(self.config.token))])
+        return app
+
+    def _router(self) -> APIRouter:
+        r = APIRouter()
+
+        @r.get("/tools")
+        async def tools() -> list[JSON]:
+            return self.tools.schemas()
+
+        @r.post("/sessions")
+        async def open_session() -> JSON:
+            s = await self.open_session()
+            return {"session_id": s.id, "tools": self.tools.names}
+
+        @r.delete("/sessions/{session_id}")
+        async def close_session(session_id: str) -> JSON:
+            return {"closed": await self.close_session(session_id)}
+
+        @r.post("/sessions/{session_id}/call")
+        async def call(session_id: str, req: CallRequest) -> Response:
+            result, replayed = await self.call(session_id, req)
+            body = {"content": result.content, "is_error": result.is_error,
+                    "metadata": result.metadata, "replayed": replayed}  # fmt: skip
+            return Response(json.dumps(body, default=str), media_type="application/json")
+
+        @r.get("/metrics")
+        async def metrics() -> JSON:
+            return self.metrics()
+
+        return r
+
+
+def build_server(tools: ToolSet, config: ToolServer.Config) -> ToolServer:
+    """A ToolServer, checking the config first."""
+    if config.call_timeout_s <= 0 or any(v <= 0 for v in config.tool_timeouts_s.values()):
+        raise ConfigError(f"timeouts must be > 0, got call_timeout_s={config.call_timeout_s}, "
+                          f"tool_timeouts_s={config.tool_timeouts_s}")  # fmt: skip
+    TokenBucket(config.rate_per_s, config.burst)  # validates the rate limit
+    return ToolServer(tools, config)
