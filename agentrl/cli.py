@@ -68,11 +68,50 @@ def _register_commands() -> None:
     from agentrl.inference.cli import serve
     from agentrl.rollout.cli import rollout
 
+    from agentrl.mcp import tools_mcp
+    from agentrl.toolserver.cli import tools_serve
+
     app.command("serve")(serve)
     app.command("rollout")(rollout)
+    tools_app.command("serve")(tools_serve)
+    tools_app.command("mcp")(tools_mcp)
 
 
 _register_commands()
+
+
+@envs_app.command("list")
+def envs_list() -> None:
+    """List registered environments (built-in, registered in code, and from entry points)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from agentrl.env_checker import list_envs
+
+    table = Table("id", "entry point", "description")
+    for env_id, entry_point, description in list_envs():
+        table.add_row(env_id, entry_point, description)
+    Console().print(table)
+
+
+@envs_app.command("check")
+def envs_check(
+    env_id: Annotated[str, typer.Argument(help="Registered env id.")],
+    module: Annotated[
+        list[str] | None, typer.Option(help="Import this module first (it registers the env).")
+    ] = None,
+) -> None:
+    """Run agentrl's env checks and gymnasium's check_env on a registered env."""
+    import importlib
+
+    from agentrl.env_checker import check_env_cli
+
+    for m in module or []:
+        importlib.import_module(m)
+    report = check_env_cli(env_id)
+    typer.echo(str(report))
+    if not report.passed:
+        raise typer.Exit(code=1)
 
 
 def main() -> None:

@@ -1,0 +1,103 @@
+"""The `agentrl` CLI through a real subprocess: commands exist, errors are clear, rollout works."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from agentrl.rollout.io import load_groups
+from agentrl.tiny import make_tiny_model
+from agentrl.types import RolloutStatus
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_help_lists_the_commands() -> None:
+    out = _cli("--help")
+    assert out.returncode == 0
+    for cmd in ("serve", "rollout", "envs", "train", "model"):
+        assert cmd in out.stdout
+
+
+def test_unknown_env_gets_a_suggestion_and_exit_code_2(tmp_path) -> None:
+    out = _cli(
+        "rollout",
+        "--env",
+        "games/GuesNumber-v0",
+        "--server",
+        "http://127.0.0.1:9",
+        "--tokenizer",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "t.jsonl"),
+    )
+    assert out.returncode == 2
+    assert "Did you mean 'games/GuessNumber-v0'" in out.stderr
+
+
+def test_bad_output_suffix_is_rejected(tmp_path) -> None:
+    out = _cli(
+        "rollout",
+        "--env",
+        "games/GuessNumber-v0",
+        "--model",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "t.csv"),
+    )
+    assert out.returncode == 2 and ".jsonl or .parquet" in out.stderr
+
+
+@pytest.mark.parametrize("suffix", [".parquet"])
+def test_rollout_with_an_embedded_server_writes_loadable_groups(tmp_path, suffix) -> None:
+    model = make_tiny_model(tmp_path / "model")
+    path = tmp_path / f"traj{suffix}"
+    out = _cli(
+        "rollout", "--env", "games/GuessNumber-v0", "--model", str(model), "--n", "3",
+        "--out", str(path), "rollout.group_size=2", "rollout.max_new_tokens=4",
+        "rollout.agent=env_driver", "rollout.max_turns=2",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    groups = load_groups(path)
+    assert len(groups) == 3 and all(len(g.trajectories) == 2 for g in groups)
+    for g in groups:
+        assert len({t.sample.uid for t in g.trajectories}) == 1
+        for t in g.trajectories:
+            assert t.status is not RolloutStatus.ERROR_INFERENCE
+            assert t.turns and t.segments[0].num_generated > 0
+
+
+def test_envs_list_and_check() -> None:
+    listed = _cli("envs", "list")
+    assert listed.returncode == 0 and "games/GuessNumber-v0" in listed.stdout
+    checked = _cli("envs", "check", "games/GuessNumber-v0")
+    assert checked.returncode == 0 and "passed" in checked.stdout and "gymnasium" in checked.stdout
+    typo = _cli("envs", "check", "games/GesNumber-v0")
+    assert typo.returncode == 2 and "Did you mean 'games/GuessNumber-v0'" in typo.stderr
+
+
+def test_envs_check_a_user_module_registered_env(tmp_path, monkeypatch) -> None:
+    (tmp_path / "my_envs.py").write_text(
+        "from agentrl.env import Env, register_env\n"
+        "from agentrl.types import user\n"
+        "class Bad(Env):\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        super().reset(seed=seed)\n"
+        "        return 'not a list of messages', {}\n"
+        "    def step(self, action):\n"
+        "        return [], 1.0, True, False, {}\n"
+        "register_env('mine/Bad-v0', entry_point='my_envs:Bad')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    out = _cli("envs", "check", "mine/Bad-v0", "--module", "my_envs")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FAIL" in out.stdout.upper() and "reset" in out.stdout
