@@ -16,11 +16,16 @@ from agentrl.registry import Registry
 if TYPE_CHECKING:
     from agentrl.engine import Engine
 
-ENGINES: Registry[Engine] = Registry("engine", hint="Known engines: `torch`.")
+ENGINES: Registry[Engine] = Registry("engine", hint="Known engines: `torch`, `megatron`.")
 ENGINES.register(
     "torch",
     "trainers.engines.torch_native:TorchEngine",
     description="transformers model; FSDP2 when torch.distributed is initialised",
+)
+ENGINES.register(
+    "megatron",
+    "trainers.engines.megatron.engine:MegatronEngine",
+    description="Megatron-core GPTModel (Llama/Qwen2/Qwen3); tensor/pipeline/data parallel",
 )
 
 __all__ = ["ENGINES"]

@@ -1,0 +1,194 @@
+"""Training throughput of the engines on one GPU: tokens/s, MFU and peak memory, side by side.
+
+    python benchmarks/engine_throughput.py                       # ~370M Llama, seq 2048, batch 8
+    python benchmarks/engine_throughput.py --layers 4 --steps 3  # quick
+
+Builds one Llama-shaped model with ``agentrl.tiny.make_tiny_model`` (hidden 1024, 22 layers,
+16 heads, FFN 4096, the tiny tokenizer's ~1k vocabulary: ~370M parameters), then runs each
+engine in its own process (clean peak-memory figures) on the same bf16 training step: one
+``forward_backward`` over ``batch`` rows of ``seq`` tokens (one micro-batch, NLL on every
+token) and one ``optimizer_step``. Reported after ``warmup`` steps, over ``steps`` steps:
+
+    tokens/s   batch * seq * steps / wall time (CUDA synchronised)
+    MFU        achieved FLOP/s / peak, with FLOP/token = 6 * N (N = parameters without the
+               embedding) + 6 * layers * hidden * seq (causal attention, forward + backward)
+    peak GiB   torch.cuda.max_memory_allocated
+
+Engines: ``torch`` (transformers + SDPA, autocast bf16, fp32 master weights), ``megatron``
+(GPTModel, local spec with SDPA core attention, bf16 params + fp32 distributed Adam) and
+``megatron-local`` (Megatron's own unfused local attention, for reference) and
+``megatron-compile`` (``megatron`` with every decoder layer ``torch.compile``d).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+
+
+def _batch(rows: int, seq: int, vocab: int):  # type: ignore[no-untyped-def]
+    import torch
+
+    from agentrl.batch import TrainBatch
+    from agentrl.types import Sample, Segment, Trajectory, TrajectoryGroup
+
+    gen = torch.Generator().manual_seed(0)
+    trajs = []
+    for _ in range(rows):
+        ids = torch.randint(10, vocab, (seq,), generator=gen).tolist()
+        s = Segment()
+        s.extend_prompt(ids[:1])
+        s.extend_generated(ids[1:], [0.0] * (seq - 1), 0)
+        trajs.append(Trajectory(sample=Sample(env_id="bench"), segments=[s], reward=0.0))
+    return TrainBatch.from_groups([TrajectoryGroup(uid="b", trajectories=trajs)], pad_token_id=0)
+
+
+def _nll(logprobs, entropy, values, mb):  # type: ignore[no-untyped-def]
+    loss = -(logprobs * mb.batch.loss_mask).sum() / max(mb.global_num_loss_tokens, 1.0)
+    return loss, {}
+
+
+def _profile(engine, batch) -> None:  # type: ignore[no-untyped-def]
+    """Print the CUDA kernels that took most time in one training step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.forward_backward(batch, _nll)
+        engine.optimizer_step()
+    table = prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=14, max_name_column_width=60
+    )
+    print(table, file=sys.stderr, flush=True)
+
+
+def run_engine(args: argparse.Namespace) -> dict[str, float | str]:
+    """One engine in this process: time ``args.steps`` training steps; returns the figures."""
+    import torch
+    from transformers import AutoConfig
+
+    from agentrl.engine import EngineConfig
+    from trainers.engines import ENGINES
+
+    hf = AutoConfig.from_pretrained(args.model)
+    cfg = EngineConfig(
+        model_path=args.model,
+        dtype="bfloat16",
+        device="cuda",
+        lr=1e-5,
+        micro_batch_size=args.batch,
+        logprob_chunk_tokens=4096,
+    )
+    if args.engine == "torch":
+        engine = ENGINES.make("torch", config=cfg)
+    else:
+        from trainers.engines.megatron.engine import MegatronConfig
+
+        par = MegatronConfig(
+            sdpa_attention=args.engine != "megatron-local",
+            compile_layers=args.engine == "megatron-compile",
+        )
+        engine = ENGINES.make("megatron", config=cfg, parallel=par)
+    engine.initialize()
+    batch = _batch(args.batch, args.seq, hf.vocab_size)
+    for _ in range(args.warmup):
+        engine.forward_backward(batch, _nll)
+        engine.optimizer_step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        loss = engine.forward_backward(batch, _nll)["train/loss"]
+        engine.optimizer_step()
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    if args.profile:
+        _profile(engine, batch)
+    tokens = args.batch * args.seq * args.steps
+    n = sum(t.numel() for name, t in engine.named_weights() if "embed_tokens" not in name)
+    flops_per_token = 6 * n + 6 * hf.num_hidden_layers * hf.hidden_size * args.seq
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), 989.0)
+    return {
+        "engine": args.engine,
+        "tokens_per_s": tokens / elapsed,
+        "mfu": tokens / elapsed * flops_per_token / (peak * 1e12),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "step_s": elapsed / args.steps,
+        "loss": loss,
+        "params_non_embedding": n,
+        "device": name,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--layers", type=int, default=22)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--engines", default="torch,megatron,megatron-local")
+    p.add_argument("--profile", action="store_true", help="print each engine's top CUDA kernels")
+    p.add_argument("--model", default="/tmp/agentrl_bench_model")
+    p.add_argument("--engine", help="run one engine in this process (used by the driver)")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    if args.engine:
+        print("RESULT " + json.dumps(run_engine(args)), flush=True)
+        return
+    from agentrl.tiny import make_tiny_model
+
+    if not Path(args.model, "config.json").exists():
+        make_tiny_model(
+            args.model,
+            arch="llama",
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_heads=args.heads,
+            num_kv_heads=args.heads,
+            vocab_size=1024,
+        )
+    results = []
+    for engine in args.engines.split(","):
+        cmd = [sys.executable, __file__, "--engine", engine, "--model", args.model]
+        cmd += [f"--{k}={getattr(args, k)}" for k in ("seq", "batch", "steps", "warmup")]
+        cmd += ["--profile"] if args.profile else []
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if args.profile:
+            start = proc.stderr.find("----")
+            print(
+                f"{engine} top CUDA kernels:\n{proc.stderr[max(start - 200, 0) :][:5000]}",
+                flush=True,
+            )
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            print(f"{engine} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}", flush=True)
+            continue
+        results.append(json.loads(line[len("RESULT ") :]))
+    base = next((r["tokens_per_s"] for r in results if r["engine"] == "torch"), None)
+    print(f"{'engine':16} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'vs torch':>9} {'loss':>8}")
+    for r in results:
+        ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
+        print(
+            f"{r['engine']:16} {r['tokens_per_s']:10.0f} {r['mfu']:6.1%} {r['peak_gib']:9.1f} "
+            f"{ratio:>9} {r['loss']:8.4f}"
+        )
+    if results:
+        print(
+            f"model: {results[0]['params_non_embedding'] / 1e6:.0f}M non-embedding params, "
+            f"seq {args.seq}, batch {args.batch}, bf16, {results[0]['device']}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Per-token logprobs and entropy from a vocabulary-parallel output layer, chunked over tokens.
+
+    hidden (M, H) x weight slice (V / tp, H) -> fp32 logits slice per chunk
+        -> max / sum-exp / target logit all-reduced over the tensor-parallel group
+        -> logprob (M,), entropy (M,)
+
+Each rank holds a contiguous slice of the (padded) vocabulary. The softmax normaliser is built
+from an all-reduced max and an all-reduced sum of exponentials, the target's logit from the
+one rank that holds it; padded vocabulary rows are masked to -inf. The reductions go through
+Megatron's ``reduce_from_tensor_model_parallel_region`` (all-reduce forward, identity
+backward), so every rank's gradient is the gradient of its own slice. A chunk's fp32 logits
+exist only inside that chunk and are recomputed in backward (activation checkpointing).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from agentrl.errors import ConfigError
+
+
+def _chunk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    true_vocab: int,
+    tp_rank: int,
+    tp_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    local_v = weight.shape[0]
+    start = tp_rank * local_v
+    logits = F.linear(hidden, weight).float() / temperature  # (n, V / tp)
+    padded = torch.arange(start, start + local_v, device=logits.device) >= true_vocab
+    logits = logits.masked_fill(padded, float("-inf"))
+    peak = logits.detach().amax(-1)
+    if tp_size > 1:
+        group = parallel_state.get_tensor_model_parallel_group()
+        torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX, group=group)
+    exp = torch.exp(logits - peak.unsqueeze(-1))
+    mine = (targets >= start) & (targets < start + local_v)
+    picked = logits.gather(-1, (targets - start).clamp(0, local_v - 1).unsqueeze(-1)).squeeze(-1)
+    picked = torch.where(mine, picked, torch.zeros_like(picked))
+    sum_exp = exp.sum(-1)
+    weighted = (exp * logits.masked_fill(padded, 0.0)).sum(-1) if with_entropy else sum_exp
+    if tp_size > 1:
+        stacked = reduce_from_tensor_model_parallel_region(torch.stack([sum_exp, picked, weighted]))
+        sum_exp, picked, weighted = stacked.unbind(0)
+    lse = peak + torch.log(sum_exp)
+    logp = picked - lse
+    if not with_entropy:
+        return logp, torch.zeros_like(logp)
+    return logp, lse - weighted / sum_exp
+
+
+def vocab_parallel_logprobs(
+    hidden_MH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    targets_M: torch.Tensor,
+    *,
+    true_vocab: int,
+    tp_rank: int,
+    tp_size: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_tokens: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(hidden @ W.T / temperature)[target] over the full vocabulary: (M,), (M,)|None."""
+    if temperature <= 0:
+        raise ConfigError(f"temperature must be > 0, got {temperature}")
+    grad = torch.is_grad_enabled() and (hidden_MH.requires_grad or weight_VH.requires_grad)
+    logps, ents = [], []
+    for s in range(0, hidden_MH.shape[0], chunk_tokens):
+        args = (
+            hidden_MH[s : s + chunk_tokens],
+            weight_VH,
+            targets_M[s : s + chunk_tokens],
+            temperature,
+            with_entropy,
+            true_vocab,
+            tp_rank,
+            tp_size,
+        )
+        lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
+        logps.append(lp)
+        ents.append(ent)
+    if not logps:
+        empty = hidden_MH.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
