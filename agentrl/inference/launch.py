@@ -89,7 +89,12 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                                          stdin=subprocess.DEVNULL, start_new_session=True,
+                                          env=self.environment())  # fmt: skip
+
+    def environment(self) -> dict[str, str] | None:
+        """The child's environment; None inherits ours (backends override this)."""
+        return None
 
     def wait_ready(self) -> None:
         """Poll GET /health until 200; InferenceError (with the log tail) on exit or timeout."""

@@ -122,7 +122,7 @@ def test_parse_tool_calls_hermes() -> None:
 
 
 def test_serve_command_refuses_other_backends_and_bad_paths(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not available yet"):
+    with pytest.raises(ConfigError, match="vllm is not installed"):
         serve(tmp_path, backend="vllm")
     with pytest.raises(ConfigError, match="unknown"):
         serve(tmp_path, backend="tgi")

@@ -1,0 +1,129 @@
+"""SGLang's native API as a dialect (the embedded server speaks it too), and an SGLang launcher.
+
+    request:  POST /generate {"input_ids", "sampling_params", "return_logprob"}
+    answer:   {"output_ids", "meta_info": {"output_token_logprobs": [[lp, id, text], ...],
+               "finish_reason": {"type": stop|length|abort}, "prompt_tokens", "weight_version"}}
+    control:  /pause_generation {"mode"}  /continue_generation  /abort_request {"abort_all"}
+              /update_weights_from_disk {"model_path", "weight_version"}  /get_weight_version
+
+The field names follow SGLang's ``GenerateReqInput`` and ``UpdateWeightFromDiskReqInput``
+(see ``agentrl/inference/wire.py``). SGLang sends ``weight_version`` as a string; the embedded
+server sends an int; ``parse_weight_version`` accepts both.
+
+``SGLangServer`` starts ``python -m sglang.launch_server`` the way ``ServerProcess`` starts the
+embedded server. It is written against SGLang's documented command line; sglang is not
+installable on the CPU machines agentrl is tested on, so it has not been run here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from agentrl.inference.backends.base import Dialect, PauseMode, call
+from agentrl.inference.launch import ServerProcess
+from agentrl.inference.protocol import Completion, FinishReason, SamplingParams
+from agentrl.inference.wire import parse_weight_version
+
+
+class SGLangDialect(Dialect):
+    """SGLang ``/generate``. Caches the ``sampling_params`` dict per ``SamplingParams`` value."""
+
+    name = "sglang"
+    generate_path = "/generate"
+
+    def __init__(self) -> None:
+        self._sp_cache: dict[SamplingParams, dict[str, Any]] = {}
+
+    def request_body(
+        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
+    ) -> bytes:
+        return json.dumps(
+            {"input_ids": input_ids, "sampling_params": self._sampling_dict(sampling),
+             "return_logprob": return_logprob}, separators=(",", ":")).encode()  # fmt: skip
+
+    def _sampling_dict(self, s: SamplingParams) -> dict[str, Any]:
+        d = self._sp_cache.get(s)
+        if d is None:
+            d = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+                 "top_p": s.top_p, "top_k": s.top_k}  # fmt: skip
+            if s.stop_token_ids:
+                d["stop_token_ids"] = list(s.stop_token_ids)
+            if s.seed is not None:
+                d["sampling_seed"] = s.seed
+            if len(self._sp_cache) > 4096:
+                self._sp_cache.clear()
+            self._sp_cache[s] = d
+        return d
+
+    def completion(self, data: dict[str, Any], server: str, latency: float) -> Completion:
+        meta = data["meta_info"]
+        lps = meta.get("output_token_logprobs")
+        fr = meta.get("finish_reason")
+        reason: FinishReason = fr["type"] if fr else "stop"
+        version = meta.get("weight_version", 0)
+        return Completion(
+            output_ids=data["output_ids"],
+            output_logprobs=[x[0] for x in lps] if lps else [],
+            finish_reason=reason,
+            weight_version=version if type(version) is int else parse_weight_version(version),
+            prompt_tokens=meta["prompt_tokens"],
+            cached_tokens=meta.get("cached_tokens") or 0,
+            server=server,
+            latency_s=latency,
+            output_versions=meta.get("output_token_weight_versions") or [],
+        )
+
+    async def pause(self, http: httpx.AsyncClient, url: str, mode: PauseMode) -> None:
+        await call(http, "POST", url + "/pause_generation", json={"mode": mode})
+
+    async def resume(self, http: httpx.AsyncClient, url: str) -> None:
+        await call(http, "POST", url + "/continue_generation", json={})
+
+    async def abort_all(self, http: httpx.AsyncClient, url: str) -> None:
+        await call(http, "POST", url + "/abort_request", json={"abort_all": True})
+
+    async def load_from_disk(
+        self, http: httpx.AsyncClient, url: str, path: str, version: int | None
+    ) -> int:
+        body: dict[str, object] = {"model_path": path}
+        if version is not None:
+            body["weight_version"] = str(version)  # SGLang's field is a string; ours takes both
+        out = await call(http, "POST", url + "/update_weights_from_disk", json=body)
+        if isinstance(out, dict) and "weight_version" in out:
+            return parse_weight_version(out["weight_version"])
+        return await self.weight_version(http, url)
+
+    async def weight_version(self, http: httpx.AsyncClient, url: str) -> int:
+        out = await call(http, "GET", url + "/get_weight_version")
+        return parse_weight_version(out.get("weight_version") if isinstance(out, dict) else out)
+
+
+class SGLangServer(ServerProcess):
+    """``python -m sglang.launch_server`` in a subprocess on loopback (documented flags only)."""
+
+    @dataclass(kw_only=True)
+    class Config(ServerProcess.Config):
+        python: str = sys.executable
+        """Interpreter that has sglang installed."""
+        dtype: str = "auto"
+        mem_fraction_static: float | None = None
+        startup_timeout_s: float = 600.0
+
+    cfg: SGLangServer.Config
+
+    def __init__(self, cfg: SGLangServer.Config) -> None:
+        super().__init__(cfg)
+
+    def command(self) -> list[str]:
+        c = self.cfg
+        cmd = [c.python, "-m", "sglang.launch_server", "--model-path", c.model,
+               "--host", c.host, "--port", str(self.port), "--dtype", c.dtype,
+               "--random-seed", str(c.seed)]  # fmt: skip
+        if c.mem_fraction_static is not None:
+            cmd += ["--mem-fraction-static", str(c.mem_fraction_static)]
+        return [*cmd, *c.extra_args]

