@@ -17,7 +17,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, ConfigError
 
 app = typer.Typer(
     name="agentrl",
@@ -49,7 +49,7 @@ def _fail(err: Exception) -> NoReturn:
 @model_app.command("tiny")
 def model_tiny(
     path: Path,
-    arch: str = "qwen2",
+    arch: Annotated[str, typer.Option(help="qwen2 or llama.")] = "qwen2",
     hidden_size: int = 64,
     num_layers: int = 2,
     seed: int = 0,
@@ -57,18 +57,23 @@ def model_tiny(
     """Write a tiny randomly initialised causal LM and its tokenizer as an HF directory."""
     from agentrl.tiny import make_tiny_model
 
+    if arch not in ("qwen2", "llama"):
+        raise ConfigError(f"--arch must be qwen2 or llama, got {arch!r}")
     out = make_tiny_model(
-        path, arch=arch, hidden_size=hidden_size, num_layers=num_layers, seed=seed
-    )  # type: ignore[arg-type]
+        path,
+        arch="llama" if arch == "llama" else "qwen2",
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        seed=seed,
+    )
     typer.echo(str(out))
 
 
 def _register_commands() -> None:
     """Attach the commands that live next to their machinery (imports stay lazy inside them)."""
     from agentrl.inference.cli import serve
-    from agentrl.rollout.cli import rollout
-
     from agentrl.mcp import tools_mcp
+    from agentrl.rollout.cli import rollout
     from agentrl.toolserver.cli import tools_serve
 
     app.command("serve")(serve)

@@ -90,7 +90,10 @@ class Registry(Generic[T]):
             raise ConfigError(f"{self.kind} id must be a non-empty string, got {id!r}")
         if id in self._specs and not override:
             old = self._specs[id]
-            if old.entry_point_str == Spec(id, entry_point).entry_point_str and old.kwargs == kwargs:
+            if (
+                old.entry_point_str == Spec(id, entry_point).entry_point_str
+                and old.kwargs == kwargs
+            ):
                 return  # re-registering the same thing (a module imported twice) is harmless
             raise DuplicateIdError(
                 f"{self.kind} {id!r} is already registered (entry point {old.entry_point_str}); "

@@ -22,7 +22,14 @@ logger = logging.getLogger(__name__)
 
 IM_START, IM_END, EOT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 # Single-token markers the model emits as text (not "special": decoding keeps them).
-MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+MARKERS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
 
 # ChatML with tools, in the Hermes/Qwen format. Prefix-preserving: rendering a conversation
 # and then rendering it with more messages only ever appends tokens.
@@ -30,7 +37,7 @@ CHATML_TOOLS_TEMPLATE = (
     "{% if tools %}"
     "<|im_start|>system\n"
     "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
-    "# Tools\nCall a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>. Tools:\n"
+    '# Tools\nCall a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call>. Tools:\n'
     "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}<|im_end|>\n"
     "{% elif messages[0].role == 'system' %}"
     "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
@@ -41,7 +48,7 @@ CHATML_TOOLS_TEMPLATE = (
     "<|im_start|>assistant\n{{ message.content or '' }}"
     "{% for tc in message.tool_calls or [] %}"
     "{% set fn = tc.function if tc.function is defined else tc %}"
-    "<tool_call>{\"name\": \"{{ fn.name }}\", \"arguments\": "
+    '<tool_call>{"name": "{{ fn.name }}", "arguments": '
     "{{ fn.arguments if fn.arguments is string else fn.arguments | tojson }}}</tool_call>"
     "{% endfor %}<|im_end|>\n"
     "{% elif message.role == 'tool' %}"
@@ -69,7 +76,7 @@ def _corpus() -> list[str]:
     lines += [" ".join(str(i) for i in range(0, 1000, 7)), "0123456789 +-*/()=<>.,:;!?'\"{}[]_#"]
     lines += [
         '{"name": "calculator", "arguments": {"expression": "(3 + 4) * 5"}}',
-        "<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"12 * 7\"}}</tool_call>",
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>',
         "Use the numbers 3, 7, 25 and 50 to reach 81. Answer: 25 + 50 + 7 - 3 - 1",
         "I am thinking of a number between 1 and 100. Guess: 50. Too high. Too low. Correct!",
     ]

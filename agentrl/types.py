@@ -79,7 +79,9 @@ class ToolCall:
             import json
 
             args = json.loads(args) if args.strip() else {}
-        return cls(name=fn["name"], arguments=args, id=d.get("id") or f"call_{uuid.uuid4().hex[:12]}")
+        return cls(
+            name=fn["name"], arguments=args, id=d.get("id") or f"call_{uuid.uuid4().hex[:12]}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -221,7 +223,9 @@ class Segment:
         self.logprobs.extend([0.0] * len(ids))
         self.versions.extend([-1] * len(ids))
 
-    def extend_generated(self, ids: list[int], logprobs: list[float], version: int | list[int]) -> None:
+    def extend_generated(
+        self, ids: list[int], logprobs: list[float], version: int | list[int]
+    ) -> None:
         """Append tokens the model generated, exactly as the server returned them."""
         if len(ids) != len(logprobs):
             raise ValueError(f"got {len(ids)} generated ids but {len(logprobs)} logprobs")
@@ -237,7 +241,9 @@ class Segment:
         n = len(self.token_ids)
         for name in ("loss_mask", "logprobs", "versions"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"segment {name} has {len(getattr(self, name))} entries, expected {n}")
+                raise ValueError(
+                    f"segment {name} has {len(getattr(self, name))} entries, expected {n}"
+                )
 
     def to_dict(self) -> JSON:
         return {

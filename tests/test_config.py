@@ -33,12 +33,14 @@ def test_yaml_then_overrides(tmp_path) -> None:
 
 
 def test_unknown_key_names_the_key_and_suggests() -> None:
-    with pytest.raises(ConfigError, match=r"'rollout.grop_size'.*Did you mean 'rollout.group_size'"):
+    with pytest.raises(
+        ConfigError, match=r"'rollout.grop_size'.*Did you mean 'rollout.group_size'"
+    ):
         load_config(_Run, overrides=["rollout.grop_size=8"])
 
 
 def test_bad_value_names_the_key() -> None:
-    with pytest.raises(ConfigError, match="rollout.group_size"):
+    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
         load_config(_Run, overrides=["rollout.group_size=many"])
 
 

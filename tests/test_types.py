@@ -31,7 +31,15 @@ def _trajectory(status: RolloutStatus = RolloutStatus.COMPLETED) -> Trajectory:
             Message(role="tool", content="2", tool_call_id="call_1"),
         ],
         segments=[seg],
-        turns=[Turn(prompt_len=3, completion_ids=[4, 5], completion_logprobs=[-0.5, -0.25], finish_reason="stop", weight_version=3)],
+        turns=[
+            Turn(
+                prompt_len=3,
+                completion_ids=[4, 5],
+                completion_logprobs=[-0.5, -0.25],
+                finish_reason="stop",
+                weight_version=3,
+            )
+        ],
         reward=1.0,
         status=status,
     )
