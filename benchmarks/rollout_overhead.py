@@ -159,10 +159,10 @@ async def hold(url: str, template: ChatTemplate, args: argparse.Namespace) -> di
         dt = time.perf_counter() - t0
     done.set()
     sampler.join()
-    ok = sum(1 for g in groups for t in g.trajectories if t.turns)
+    ok = sum(1 for g in groups for t in g.trajectories if t.turns and not t.status.is_infra_failure)
     return {
         "trajectories": float(len(groups)),
-        "with_turns": float(ok),
+        "finished_ok": float(ok),
         "peak_in_flight": float(gate.peak_inflight),
         "peak_rss_growth_mb": (peak[0] - base_rss) / 2**20,
         "kb_per_trajectory": (peak[0] - base_rss) / 1024 / max(1, args.hold),

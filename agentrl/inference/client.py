@@ -73,8 +73,10 @@ class InferenceClient:
         timeout_s: float = 600.0
         """Per-request limit (a whole generation)."""
         connect_timeout_s: float = 5.0
-        max_connections: int = 8192
-        """Pool size shared by all servers; sized for thousands of concurrent rollouts."""
+        max_connections: int = 512
+        """Open connections across all servers. Requests beyond it wait in the pool (bounded by
+        ``timeout_s``) instead of opening a socket each: thousands of concurrent rollouts then
+        do not flood a server's accept queue and fail over on connect timeouts."""
         down_cooldown_s: float = 10.0
         """A server that failed is skipped for new sessions this long, then tried again."""
         max_sessions: int = 1_000_000
@@ -129,7 +131,7 @@ class InferenceClient:
             server.inflight += 1
             start = time.perf_counter()
             try:
-                resp = await self._http.post(server.generate_url, content=body, headers=_JSON)
+                resp = await self._post_generate(server, body)
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
@@ -146,6 +148,18 @@ class InferenceClient:
                 server.inflight -= 1
             tried = [server] if tried is None else [*tried, server]
             server = self._failover(server, tried, session_id, problem)
+
+    async def _post_generate(self, server: _Server, body: bytes) -> httpx.Response:
+        """POST once; a pooled connection the server had already closed is retried once.
+
+        A keep-alive connection can be closed by the server just as a request goes out on it
+        (ReadError / RemoteProtocolError before any response). That says nothing about the
+        server's health, so it is retried on the same server before counting as a failure.
+        """
+        try:
+            return await self._http.post(server.generate_url, content=body, headers=_JSON)
+        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+            return await self._http.post(server.generate_url, content=body, headers=_JSON)
 
     def _pick(self, session_id: str | None) -> _Server:
         if session_id is not None:

@@ -282,8 +282,12 @@ def main(argv: list[str] | None = None) -> None:
     app = build_app(engine, a.served_model_name or a.model)
     logger.info("serving %s on http://%s:%d", a.model, a.host, a.port)
     try:
+        # Keep-alive outlives the client's idle gaps (a trajectory's env step between turns):
+        # uvicorn's 5 s default closes pooled connections that clients are about to reuse,
+        # and thousands of concurrent rollouts then see dropped requests. The backlog absorbs
+        # bursts of new connections.
         uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, access_log=False,
-                    timeout_graceful_shutdown=5)  # fmt: skip
+                    timeout_graceful_shutdown=5, timeout_keep_alive=900, backlog=4096)  # fmt: skip
     finally:
         engine.shutdown()
 
