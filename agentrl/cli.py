@@ -18,6 +18,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.registry import load_entry_point
 
 app = typer.Typer(
     name="agentrl",
@@ -80,6 +81,17 @@ def _register_commands() -> None:
     app.command("rollout")(rollout)
     tools_app.command("serve")(tools_serve)
     tools_app.command("mcp")(tools_mcp)
+    # Training lives in trainers/ (an implementation package the kernel never imports by
+    # statement); its commands are named by lazy "module:attr" strings, like registry entries.
+    for name, spec in TRAINING_COMMANDS:
+        app.command(name)(load_entry_point(spec))
+
+
+TRAINING_COMMANDS = (
+    ("train", "trainers.cli:train_cmd"),
+    ("sft", "trainers.cli:sft_cmd"),
+    ("eval", "trainers.cli:eval_cmd"),
+)
 
 
 _register_commands()

@@ -1,0 +1,277 @@
+"""The typed config of a training run; a recipe YAML mirrors these dataclasses.
+
+    cfg = load_run_config("recipes/quickstart.yaml", ["train.steps=10", "rollout.group_size=8"])
+
+RunConfig
+├── model       an HF directory, or a tiny model built locally from a spec
+├── data        which envs, and the seeds of the samples drawn from them (the data cursor)
+├── rollout     the RolloutCollector: group size, agent, sampling, turn and token limits
+├── algo        advantage estimator, policy loss, KL, entropy, aggregation, group filtering
+├── train       steps, batch size (in groups), PPO epochs, mini-batches, ranks
+├── engine      the policy's engine (optimizer, LR schedule, dtype, device, micro-batches)
+├── critic      the critic's engine (adv_estimator=gae only)
+├── inference   embedded inference servers
+├── checkpoint  where / how often / how many
+├── logging     console / JSONL / TensorBoard
+├── sft         warm-up on env demonstrations before RL
+└── eval        evaluation before / after / during training
+
+``validate()`` checks the combinations a type cannot (batch vs group size, known registry
+names) and raises ``ConfigError`` naming the key and a fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.algos.advantages import AdvantageConfig
+from agentrl.algos.losses import PolicyLossConfig
+from agentrl.config import load_config
+from agentrl.engine import EngineConfig
+from agentrl.errors import ConfigError
+from agentrl.logging import MetricsLogger
+from agentrl.rollout.collector import CollectorConfig
+from agentrl.types import Sample
+from trainers.checkpoint import CheckpointManager
+
+
+@dataclass(kw_only=True)
+class TinyModelConfig:
+    """A randomly initialised model built with agentrl.tiny.make_tiny_model."""
+
+    arch: str = "qwen2"
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 0
+    """0: 4 * hidden_size."""
+    vocab_size: int = 1024
+    seed: int = 0
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    path: str = ""
+    """An HF model directory. Empty: build the tiny model below into <run_dir>/base_model."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass(kw_only=True)
+class EnvEntry:
+    id: str
+    """A registered env id, e.g. 'arith/Countdown-v0'."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Constructor arguments for the env."""
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """The training samples: sample i uses env ``envs[i % len(envs)]`` and a seed from ``seed``.
+
+    The data cursor (how many samples were drawn) is all a checkpoint needs to continue the
+    same sequence.
+    """
+
+    envs: list[EnvEntry] = field(default_factory=list)
+    seed: int = 0
+    """Seed of sample 0; sample i of an env gets seed + i // len(envs) (mod num_seeds)."""
+    num_seeds: int = 0
+    """Distinct seeds (tasks) per env; 0: a fresh seed for every sample (never repeats)."""
+    eval_seed: int = 1_000_000
+    """Seed of the first eval sample; keep it far from ``seed`` so eval tasks are held out."""
+
+    def sample(self, index: int, *, eval: bool = False) -> Sample:
+        """The ``index``-th sample of the (train or eval) stream; deterministic."""
+        entry = self.envs[index % len(self.envs)]
+        k = index // len(self.envs)
+        if self.num_seeds and not eval:
+            k %= self.num_seeds
+        seed = (self.eval_seed if eval else self.seed) + k
+        prefix = "eval" if eval else "train"
+        return Sample(
+            env_id=entry.id, env_kwargs=dict(entry.kwargs), seed=seed, uid=f"{prefix}-{index}"
+        )
+
+
+@dataclass(kw_only=True)
+class KLConfig:
+    type: str = "k3"
+    """KL estimator (a KL_PENALTIES name: k1, k2, k3, abs, ...)."""
+    coef: float = 0.0
+    """0 disables KL and the reference model."""
+    in_reward: bool = False
+    """True: subtract coef * KL from the token rewards (PPO style); False: add it to the loss."""
+
+
+@dataclass(kw_only=True)
+class AlgoConfig:
+    adv_estimator: str = "grpo"
+    """An ADV_ESTIMATORS name: grpo, dr_grpo, rloo, reinforce_plus_plus, gae (needs the critic), ..."""
+    adv: AdvantageConfig = field(default_factory=AdvantageConfig)
+    policy_loss: str = "ppo_clip"
+    """A POLICY_LOSSES name: ppo_clip, gspo, cispo, ..."""
+    clip: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    loss_agg: str = "token-mean"
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    entropy_coef: float = 0.0
+    kl: KLConfig = field(default_factory=KLConfig)
+    value_clip: float = 0.2
+    """Clip range of the PPO critic's value loss."""
+    filter_groups: bool = False
+    """Drop groups whose rewards are all equal (no GRPO signal) and sample more (DAPO)."""
+    max_filter_rounds: int = 4
+    """With filter_groups: give up (TrainingError) after this many extra rounds."""
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    steps: int = 10
+    batch_size: int = 8
+    """Groups per RL step (each holds rollout.group_size trajectories)."""
+    ppo_epochs: int = 1
+    mini_batch_size: int = 0
+    """Groups per optimizer step; 0: the whole batch (one optimizer step per epoch)."""
+    world_size: int = 1
+    """Training ranks (data parallel) of each model role."""
+    num_cpus: int = 0
+    """CPUs Ray may use (0: all it detects)."""
+
+
+@dataclass(kw_only=True)
+class InferenceConfig:
+    """Embedded inference servers, started on loopback next to the trainer (same dtype/device)."""
+
+    backend: str = "embedded"
+    num_servers: int = 1
+    max_batch_size: int = 64
+    """Requests a server decodes together."""
+    num_threads: int = 0
+    """torch threads per server (0: torch's default)."""
+    startup_timeout_s: float = 180.0
+    verify_weights: bool = True
+    """After each sync, compare the servers' weight checksum with the trainer's."""
+
+
+@dataclass(kw_only=True)
+class SFTConfig:
+    steps: int = 0
+    """Optimizer steps of warm-up on env demonstrations before RL (0: none)."""
+    lr: float = 1e-3
+    lr_schedule: str = "cosine"
+    """constant or cosine (decays to 0.1 * lr over sft.steps)."""
+    batch_size: int = 16
+    """Conversations per optimizer step."""
+    num_demos: int = 256
+    """Distinct demonstrations (seeds) to draw from the train envs."""
+    dataset: str = ""
+    """A JSONL/parquet file of conversations to train on instead of env demonstrations."""
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    num_samples: int = 32
+    """Held-out samples evaluated before and after training (0: no eval)."""
+    every: int = 0
+    """Also evaluate every N RL steps (0: only before and after)."""
+    temperature: float = 1.0
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    name: str = "run"
+    output_dir: str = "runs"
+    """The run directory is <output_dir>/<name>."""
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: CollectorConfig = field(default_factory=CollectorConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """The policy's engine (the reference model copies it with role=ref)."""
+    critic: EngineConfig = field(default_factory=lambda: EngineConfig(role="critic"))
+    """The critic's engine; used only with algo.adv_estimator=gae."""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    checkpoint: CheckpointManager.Config = field(default_factory=CheckpointManager.Config)
+    logging: MetricsLogger.Config = field(default_factory=MetricsLogger.Config)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    def validate(self) -> None:
+        _validate_shapes(self)
+        _validate_names(self)
+
+
+def _validate_shapes(cfg: RunConfig) -> None:
+    if not cfg.data.envs:
+        raise ConfigError("data.envs is empty; add one, e.g. data.envs=[{id: arith/Calculator-v0}]")
+    t, r = cfg.train, cfg.rollout
+    r.validate()
+    for key, v in (
+        ("train.steps", t.steps),
+        ("train.batch_size", t.batch_size),
+        ("train.ppo_epochs", t.ppo_epochs),
+        ("train.world_size", t.world_size),
+        ("inference.num_servers", cfg.inference.num_servers),
+    ):
+        if v < 1:
+            raise ConfigError(f"{key} must be >= 1, got {v}")
+    if t.mini_batch_size and t.batch_size % t.mini_batch_size:
+        m = t.mini_batch_size
+        raise ConfigError(
+            f"train.batch_size ({t.batch_size}) must be a multiple of train.mini_batch_size ({m}); "
+            f"try train.batch_size={m * math.ceil(t.batch_size / m)}."
+        )
+    if cfg.algo.adv_estimator in _GROUP_ESTIMATORS and r.group_size < 2:
+        raise ConfigError(
+            f"rollout.group_size must be >= 2 for algo.adv_estimator={cfg.algo.adv_estimator} "
+            "(the baseline comes from the other group members); try rollout.group_size=8."
+        )
+    seqs = (t.mini_batch_size or t.batch_size) * r.group_size
+    if seqs < t.world_size:
+        raise ConfigError(
+            f"a mini-batch holds {seqs} sequences, fewer than train.world_size={t.world_size} ranks; "
+            "raise train.mini_batch_size or rollout.group_size."
+        )
+    if cfg.inference.backend != "embedded":
+        raise ConfigError(
+            f"inference.backend {cfg.inference.backend!r} is not supported by the driver; use 'embedded'"
+        )
+    if cfg.sft.steps and cfg.sft.batch_size < t.world_size:
+        raise ConfigError(
+            f"sft.batch_size ({cfg.sft.batch_size}) must be >= train.world_size ({t.world_size})"
+        )
+
+
+_GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def _validate_names(cfg: RunConfig) -> None:
+    """Registry names resolve (each registry raises UnknownIdError with 'did you mean')."""
+    from agentrl.algos import ADV_ESTIMATORS, KL_PENALTIES, POLICY_LOSSES
+    from agentrl.algos.aggregation import parse_agg_mode
+    from agentrl.env import ENVS
+
+    ADV_ESTIMATORS.spec(cfg.algo.adv_estimator)
+    POLICY_LOSSES.spec(cfg.algo.policy_loss)
+    if cfg.algo.kl.coef:
+        KL_PENALTIES.spec(cfg.algo.kl.type)
+    parse_agg_mode(cfg.algo.loss_agg)
+    for entry in cfg.data.envs:
+        ENVS.spec(entry.id)
+    cfg.engine.validate()
+    if cfg.algo.adv_estimator == "gae":
+        cfg.critic.validate()
+
+
+def load_run_config(recipe: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Defaults <- recipe YAML <- ``key=value`` overrides, validated."""
+    return load_config(RunConfig, recipe, overrides)

@@ -1,0 +1,366 @@
+"""The RL driver: one synchronous on-policy loop, readable top to bottom.
+
+    setup:  local Ray -> base model (tiny or HF dir) -> [SFT warm-up] -> embedded servers
+            -> worker groups (actor, [ref], [critic]) -> [resume from the latest checkpoint]
+    step:   collect groups (seeded, streaming) -> TrainBatch -> old/ref logprobs, values
+            -> rewards (+KL) -> advantages -> critic + policy update -> weight sync (version+1)
+            -> metrics -> checkpoint every N
+    end:    eval -> export HF -> reward curve PNG + summary.json
+
+Features are steps of ``Trainer.step`` (KL, critic, group filtering), never a second loop.
+The driver owns the data cursor (which samples come next), the weight version and the
+run's RNG; the engines own model/optimizer/scheduler state; a checkpoint holds both.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl.algos import ADV_ESTIMATORS, AdvantageInputs, DynamicSampler, apply_kl_to_reward
+from agentrl.algos.aggregation import masked_mean
+from agentrl.algos.filters import group_has_signal
+from agentrl.batch import TrainBatch
+from agentrl.chat import ChatTemplate
+from agentrl.config import to_yaml
+from agentrl.distributed import ResourcePool, WorkerGroup, init_ray_local
+from agentrl.engine import EngineConfig
+from agentrl.errors import ConfigError
+from agentrl.logging import MetricsLogger, Timer, mean_metrics
+from agentrl.rollout.collector import RolloutCollector
+from agentrl.types import TrajectoryGroup
+from trainers.checkpoint import (
+    CheckpointManager,
+    TrainerState,
+    capture_rng,
+    load_state,
+    restore_rng,
+)
+from trainers.config import RunConfig
+from trainers.eval import eval_metrics, write_report
+from trainers.serving import Fleet, resolve_device
+from trainers.sft import warm_up
+from trainers.workers import ActorWorker, CriticUpdate, CriticWorker, PolicyUpdate, RefWorker
+
+logger = logging.getLogger(__name__)
+
+
+class Trainer:
+    """Runs one RL training run described by a RunConfig. ``Trainer(cfg).run()`` -> summary."""
+
+    def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.resume = resume
+        self.run_dir = cfg.run_dir
+        self.ckpt = CheckpointManager(cfg.checkpoint, self.run_dir)
+        self.timer = Timer()
+        self.step_done = 0  # completed RL steps
+        self.version = 0  # weight version on the servers
+        self.cursor = 0  # next train sample index
+        self._groups: list[WorkerGroup[Any]] = []
+        self._pool: ResourcePool | None = None
+        self._owns_ray = False
+        self.fleet: Fleet | None = None
+        self.metrics_log: MetricsLogger | None = None
+
+    # ------------------------------------------------------------------ the whole run
+    def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        try:
+            self.setup()
+            before = self.evaluate("before") if self.step_done == 0 else {}
+            while self.step_done < self.cfg.train.steps:
+                self.step()
+            after = self.evaluate("after")
+            return self.finish(before, after, time.perf_counter() - t0)
+        finally:
+            self.close()
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        state = self._prepare_run_dir()
+        _seed_everything(cfg.seed)
+        self._owns_ray = _start_ray(cfg.train.num_cpus)
+        _exit_on_sigterm()  # after ray.init, which installs its own handler
+        self.policy_path = warm_up(cfg, num_threads=_threads(cfg))
+        self._pool = ResourcePool(pool_config(cfg))
+        self.template = ChatTemplate.from_pretrained(self.policy_path)
+        self.pad_id = int(self.template.tokenizer.pad_token_id)
+        self.fleet = Fleet.for_run(cfg, self.run_dir / "logs")
+        self.fleet.start(self.policy_path)
+        self.collector = self.fleet.collector(cfg.rollout, self.template)
+        self._build_workers()
+        if state is not None:
+            self._restore(state)
+        self.metrics_log = MetricsLogger(cfg.logging, self.run_dir)
+
+    # ------------------------------------------------------------------ one RL step
+    def step(self) -> dict[str, float]:
+        cfg, step = self.cfg, self.step_done + 1
+        t_step = time.perf_counter()
+        with self.timer.time("generate"):
+            groups, filter_metrics = self.collect()
+        batch = TrainBatch.from_groups(groups, self.pad_id)
+        metrics = {**RolloutCollector.metrics(groups), **filter_metrics}
+        with self.timer.time("logprob"):
+            metrics |= self.score(batch)
+        with self.timer.time("adv"):
+            metrics |= self.advantages(batch)
+        with self.timer.time("update"):
+            metrics |= self.update(batch)
+        with self.timer.time("sync"):
+            self.sync_weights(self.version + 1)
+        self.step_done = step  # the data cursor moved in collect()
+        metrics |= self.timer.pop()
+        metrics["timing/step_s"] = time.perf_counter() - t_step
+        metrics["train/weight_version"] = float(self.version)
+        metrics["train/data_cursor"] = float(self.cursor)
+        assert self.metrics_log is not None
+        self.metrics_log.log(metrics, step)  # before the checkpoint: a resumed run has every row
+        if self.ckpt.should_save(step, cfg.train.steps):
+            self.save_checkpoint()
+        if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
+            self.metrics_log.log(self.evaluate(f"step {step}"), step)
+        return metrics
+
+    def collect(self) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        """``train.batch_size`` groups; with ``algo.filter_groups`` only groups with reward signal."""
+        n = self.cfg.train.batch_size
+        sampler = DynamicSampler[TrajectoryGroup](
+            target=n, max_rounds=self.cfg.algo.max_filter_rounds
+        )
+        while True:
+            samples = [self.cfg.data.sample(self.cursor + i) for i in range(n - sampler.num_kept)]
+            self.cursor += len(samples)
+            assert self.fleet is not None
+            groups = self.fleet.collect(self.collector, samples)
+            if not self.cfg.algo.filter_groups:
+                return groups, {}
+            sampler.add(groups, group_has_signal([g.rewards_G for g in groups]))
+            if sampler.full:
+                kept_rate = n / sampler.seen
+                return sampler.take(), {"rollout/filter_kept_rate": kept_rate}
+
+    def score(self, batch: TrainBatch) -> dict[str, float]:
+        """Old logprobs (recomputed by the actor), reference logprobs and critic values."""
+        cfg = self.cfg
+        temp = cfg.rollout.temperature
+        batch["old_logprobs"] = self.actor.compute_logprobs(batch, temp)["logprobs"]
+        if self.ref is not None:
+            batch["ref_logprobs"] = self.ref.compute_logprobs(batch, temp)["logprobs"]
+        if self.critic is not None:
+            batch["values"] = self.critic.compute_values(batch)["values"]
+        mask = batch.loss_mask
+        diff = (batch["old_logprobs"] - batch.rollout_logprobs).abs()
+        return {
+            "train/rollout_logprob_diff": float(masked_mean(diff, mask)),
+            "train/rollout_logprob_diff_max": float((diff * mask).max()) if mask.any() else 0.0,
+            "train/num_loss_tokens": float(mask.sum()),
+        }
+
+    def advantages(self, batch: TrainBatch) -> dict[str, float]:
+        """Rewards (minus KL when it is a reward penalty) -> advantages and returns."""
+        algo = self.cfg.algo
+        out: dict[str, float] = {}
+        token_rewards = batch.token_rewards
+        if self.ref is not None and algo.kl.in_reward:
+            token_rewards, kl_m = apply_kl_to_reward(
+                token_rewards, batch["old_logprobs"], batch["ref_logprobs"], batch.loss_mask,
+                kind=algo.kl.type, coef=algo.kl.coef,
+            )  # fmt: skip
+            out = {f"train/{k}": float(v) for k, v in kl_m.items()}
+        inputs = AdvantageInputs(
+            response_mask=batch.loss_mask,
+            token_rewards=token_rewards,
+            values=batch["values"] if self.critic is not None else None,
+            group_ids=batch.group_ids,
+        )
+        adv, returns = ADV_ESTIMATORS.get(algo.adv_estimator)(inputs, algo.adv)
+        batch["advantages"], batch["returns"] = adv, returns
+        out["train/advantage_abs_mean"] = float(masked_mean(adv.abs(), batch.loss_mask))
+        return out
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """Critic first (it reads the old values), then the policy, over PPO epochs/mini-batches."""
+        cfg = self.cfg
+        out: dict[str, float] = {}
+        num_mini = cfg.train.batch_size // (cfg.train.mini_batch_size or cfg.train.batch_size)
+        if self.critic is not None:
+            spec_c = CriticUpdate(value_clip=cfg.algo.value_clip, agg=cfg.algo.loss_agg,
+                                  epochs=cfg.train.ppo_epochs, num_mini_batches=num_mini)  # fmt: skip
+            out |= mean_metrics(self.critic.update_critic(batch, spec_c))
+        kl = cfg.algo.kl
+        spec = PolicyUpdate(
+            loss=cfg.algo.policy_loss, loss_cfg=cfg.algo.clip, agg=cfg.algo.loss_agg,
+            entropy_coef=cfg.algo.entropy_coef, kl_coef=kl.coef if (self.ref is not None and not kl.in_reward) else 0.0,
+            kl_type=kl.type, epochs=cfg.train.ppo_epochs, num_mini_batches=num_mini,
+            temperature=cfg.rollout.temperature,
+        )  # fmt: skip
+        out |= mean_metrics(self.actor.update_policy(batch, spec))
+        return out
+
+    def sync_weights(self, version: int) -> None:
+        """Actor weights -> every server over HTTP, tagged ``version``, checksum-verified."""
+        assert self.fleet is not None
+        named = self.actor.named_weights()
+        self.fleet.sync(named, version, verify=self.cfg.inference.verify_weights)
+        self.version = version
+
+    # ------------------------------------------------------------------ workers, checkpoints
+    def _build_workers(self) -> None:
+        cfg = self.cfg
+        opt_steps = (
+            cfg.train.steps
+            * cfg.train.ppo_epochs
+            * (cfg.train.batch_size // (cfg.train.mini_batch_size or cfg.train.batch_size))
+        )
+        actor_cfg = replace(cfg.engine, model_path=str(self.policy_path), role="actor",
+                            total_steps=cfg.engine.total_steps or opt_steps, seed=cfg.seed)  # fmt: skip
+        self.actor = self._group(ActorWorker, actor_cfg, "actor")
+        self.ref = None
+        if cfg.algo.kl.coef:
+            self.ref = self._group(RefWorker, replace(actor_cfg, role="ref"), "ref")
+        self.critic = None
+        if cfg.algo.adv_estimator == "gae":
+            critic_cfg = replace(cfg.critic, model_path=cfg.critic.model_path or str(self.policy_path), role="critic",
+                                 total_steps=cfg.critic.total_steps or opt_steps, seed=cfg.seed)  # fmt: skip
+            self.critic = self._group(CriticWorker, critic_cfg, "critic")
+
+    def _group(self, cls: type, engine_cfg: EngineConfig, name: str) -> WorkerGroup[Any]:
+        assert self._pool is not None
+        share = 1.0 / (
+            1 + int(self.cfg.algo.kl.coef != 0) + int(self.cfg.algo.adv_estimator == "gae")
+        )
+        group: WorkerGroup[Any] = WorkerGroup(self._pool, cls, kwargs={"cfg": engine_cfg, "num_threads": _threads(self.cfg)},
+                            share=share, name=name)  # fmt: skip
+        self._groups.append(group)
+        return group
+
+    def save_checkpoint(self) -> Path:
+        tmp = self.ckpt.begin(self.step_done)
+        self.actor.save(str(tmp / "actor"))
+        if self.critic is not None:
+            self.critic.save(str(tmp / "critic"))
+        state = TrainerState(step=self.step_done, weight_version=self.version, data_cursor=self.cursor,
+                             rng=capture_rng(), extra={"policy_path": str(self.policy_path)})  # fmt: skip
+        return self.ckpt.commit(tmp, state)
+
+    def _prepare_run_dir(self) -> TrainerState | None:
+        """The checkpoint state to resume from (None: a fresh run); refuses to overwrite a run."""
+        latest = self.ckpt.latest()
+        if self.resume:
+            if latest is None:
+                logger.warning(
+                    "--resume: no checkpoint under %s; starting a fresh run", self.ckpt.root
+                )
+                return None
+            logger.info("resuming from %s", latest)
+            return load_state(latest)
+        if latest is not None or (self.run_dir / "metrics.jsonl").exists():
+            raise ConfigError(
+                f"run directory {str(self.run_dir)!r} already holds a run; pass --resume to continue it, "
+                f"or choose another name (name=...) or output_dir"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
+        return None
+
+    def _restore(self, state: TrainerState) -> None:
+        path = self.ckpt.path_for(state.step)
+        self.actor.load(str(path / "actor"))
+        if self.critic is not None:
+            self.critic.load(str(path / "critic"))
+        self.step_done, self.cursor = state.step, state.data_cursor
+        self.sync_weights(state.weight_version)
+        restore_rng(state.rng)
+
+    # ------------------------------------------------------------------ eval and the end
+    def evaluate(self, label: str) -> dict[str, float]:
+        if not self.cfg.eval.num_samples:
+            return {}
+        assert self.fleet is not None
+        m = eval_metrics(self.fleet, self.cfg, self.template)
+        logger.info(
+            "eval (%s): reward %.3f, success %.3f",
+            label,
+            m["eval/reward_mean"],
+            m["eval/success_rate"],
+        )
+        return m
+
+    def finish(
+        self, before: dict[str, float], after: dict[str, float], wall_s: float
+    ) -> dict[str, Any]:
+        hf_dir = None
+        if self.cfg.checkpoint.export_hf:
+            hf_dir = self.run_dir / "hf"
+            self.actor.export_hf(str(hf_dir))
+        assert self.metrics_log is not None
+        if after:
+            self.metrics_log.log(after, self.step_done)
+        return write_report(self.run_dir, before=before, after=after, wall_s=wall_s,
+                            steps=self.step_done, hf_dir=hf_dir)  # fmt: skip
+
+    def close(self) -> None:
+        if self.fleet is not None:  # first: server processes outlive a driver that dies here
+            self.fleet.close()
+            self.fleet = None
+        for g in reversed(self._groups):
+            g.shutdown()
+        self._groups = []
+        if self.metrics_log is not None:
+            self.metrics_log.close()
+        if self._owns_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def pool_config(cfg: RunConfig) -> ResourcePool.Config:
+    """One bundle per training rank (with a GPU when the engine runs on CUDA)."""
+    gpus = 1.0 if resolve_device(cfg.engine.device) == "cuda" else 0.0
+    return ResourcePool.Config(bundles_per_node=cfg.train.world_size, gpus_per_bundle=gpus)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (kill, a scheduler) unwinds like Ctrl-C, so ``close()`` stops the servers."""
+    import signal
+    import sys
+    import threading
+
+    def handler(signum: int, frame: object) -> None:
+        logger.warning("SIGTERM: stopping the run")
+        sys.exit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _start_ray(num_cpus: int) -> bool:
+    """Start local Ray unless it runs already; True if this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    init_ray_local(num_cpus=num_cpus or None)
+    return True
+
+
+def _threads(cfg: RunConfig) -> int:
+    import os
+
+    cpus = cfg.train.num_cpus or os.cpu_count() or 1
+    return max(1, cpus // cfg.train.world_size)

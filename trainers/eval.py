@@ -1,0 +1,133 @@
+"""Evaluate a policy on held-out env samples, and write a run's report (summary + reward curve).
+
+    eval samples (DataConfig.sample(i, eval=True)) -> SeededCollector (group_size 1)
+        -> rollout metrics renamed eval/... (reward_mean, success_rate, ...)
+    metrics.jsonl -> reward_curve.png (matplotlib) + summary.json + a before/after table
+
+``evaluate_model`` serves an HF directory (a checkpoint's export or any model) with the
+embedded server and runs the same collector the trainer uses, so eval numbers and training
+rollouts are comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from agentrl.chat import ChatTemplate
+from agentrl.logging import read_jsonl
+from agentrl.rollout.collector import RolloutCollector
+from trainers.config import RunConfig
+from trainers.serving import Fleet
+
+logger = logging.getLogger(__name__)
+
+_SHOWN = ("reward_mean", "success_rate", "response_len_mean", "turns_mean", "tool_error_rate")
+
+
+def eval_metrics(fleet: Fleet, cfg: RunConfig, template: ChatTemplate) -> dict[str, float]:
+    """``eval.num_samples`` held-out rollouts (one per sample) -> ``eval/...`` metrics."""
+    ecfg = replace(cfg.rollout, group_size=1, temperature=cfg.eval.temperature)
+    collector = fleet.collector(ecfg, template)
+    samples = [cfg.data.sample(i, eval=True) for i in range(cfg.eval.num_samples)]
+    groups = fleet.collect(collector, samples)
+    m = RolloutCollector.metrics(groups)
+    return {"eval/" + k.partition("/")[2]: v for k, v in m.items()}
+
+
+def evaluate_model(cfg: RunConfig, model: str | Path, *, log_dir: Path) -> dict[str, float]:
+    """Serve ``model`` (an HF directory) on loopback and evaluate it on ``cfg``'s eval samples."""
+    fleet = Fleet.for_run(cfg, log_dir)
+    try:
+        fleet.start(model)
+        return eval_metrics(fleet, cfg, ChatTemplate.from_pretrained(model))
+    finally:
+        fleet.close()
+
+
+def write_report(
+    run_dir: Path,
+    *,
+    before: dict[str, float],
+    after: dict[str, float],
+    wall_s: float,
+    steps: int,
+    hf_dir: Path | None,
+) -> dict[str, Any]:
+    """summary.json + reward_curve.png under ``run_dir``; prints the before/after table."""
+    rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    train = [r for r in rows if r.get("rollout/reward_mean") is not None]
+    summary: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "steps": steps,
+        "wall_time_s": wall_s,
+        "hf_dir": str(hf_dir) if hf_dir else None,
+        "eval_before": {k: before.get(f"eval/{k}") for k in _SHOWN} if before else None,
+        "eval_after": {k: after.get(f"eval/{k}") for k in _SHOWN} if after else None,
+        "train_reward_first": train[0]["rollout/reward_mean"] if train else None,
+        "train_reward_last": train[-1]["rollout/reward_mean"] if train else None,
+    }
+    if train:
+        summary["reward_curve"] = str(
+            plot_rewards(train, run_dir / "reward_curve.png", before, after)
+        )
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    _print_summary(summary)
+    return summary
+
+
+def plot_rewards(
+    rows: list[dict[str, Any]], path: Path, before: dict[str, float], after: dict[str, float]
+) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    ax.plot(
+        steps, [r["rollout/reward_mean"] for r in rows], marker=".", alpha=0.4, label="train reward"
+    )
+    rewards = [float(r["rollout/reward_mean"]) for r in rows]
+    window = max(1, len(rows) // 10)
+    smooth = [sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
+              for i in range(len(rewards))]  # fmt: skip
+    ax.plot(steps, smooth, linewidth=2.5, label=f"train reward ({window}-step mean)")
+    if before and after:
+        ax.scatter([0, steps[-1]], [before["eval/reward_mean"], after["eval/reward_mean"]], color="black",
+                   zorder=3, label="held-out eval reward")  # fmt: skip
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("reward")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{summary['steps']} RL steps in {summary['wall_time_s']:.0f} s")
+    table.add_column("metric")
+    table.add_column("before RL", justify="right")
+    table.add_column("after RL", justify="right")
+    b, a = summary["eval_before"] or {}, summary["eval_after"] or {}
+    for k in _SHOWN:
+        table.add_row(f"eval/{k}", _fmt(b.get(k)), _fmt(a.get(k)))
+    table.add_row(
+        "train reward (first/last step)",
+        _fmt(summary["train_reward_first"]),
+        _fmt(summary["train_reward_last"]),
+    )
+    Console(stderr=True).print(table)
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
