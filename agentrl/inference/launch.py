@@ -76,7 +76,8 @@ class ServerProcess:
         return [sys.executable, "-m", "agentrl.inference.server", "--model", c.model,
                 "--host", c.host, "--port", str(self.port), "--dtype", c.dtype,
                 "--max-batch-size", str(c.max_batch_size), "--seed", str(c.seed),
-                "--num-threads", str(c.num_threads), "--log-level", "warning", *c.extra_args]  # fmt: skip
+                "--num-threads", str(c.num_threads), "--log-level", "warning",
+                "--exit-with-parent", str(os.getpid()), *c.extra_args]  # fmt: skip
 
     def start(self) -> ServerProcess:
         """Spawn and wait until healthy."""

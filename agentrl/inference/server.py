@@ -247,6 +247,22 @@ def build_app(engine: Engine, model_name: str) -> FastAPI:
     return app
 
 
+def _watch_parent(pid: int, interval_s: float = 1.0) -> None:
+    """SIGTERM ourselves (a clean uvicorn shutdown) once ``pid`` is no longer our parent."""
+    import os
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == pid:
+            time.sleep(interval_s)
+        logger.warning("parent process %d is gone; shutting down", pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m agentrl.inference.server --model PATH --port N``."""
     import uvicorn
@@ -264,6 +280,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--log-level", default="info")
     p.add_argument(
+        "--exit-with-parent",
+        type=int,
+        default=0,
+        metavar="PID",
+        help="shut down when process PID exits (launchers pass their own pid, so a killed "
+        "driver does not leave servers behind); 0 disables",
+    )
+    p.add_argument(
         "--switch-interval",
         type=float,
         default=0.0005,
@@ -279,6 +303,8 @@ def main(argv: list[str] | None = None) -> None:
                                   max_prefill_tokens=a.max_prefill_tokens, seed=a.seed,
                                   num_threads=a.num_threads))  # fmt: skip
     engine.start()
+    if a.exit_with_parent:
+        _watch_parent(a.exit_with_parent)
     app = build_app(engine, a.served_model_name or a.model)
     logger.info("serving %s on http://%s:%d", a.model, a.host, a.port)
     try:
