@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from agentrl.chat import ChatTemplate
 from agentrl.inference.client import InferenceClient
@@ -51,5 +53,25 @@ async def test_64_concurrent_tool_rollouts_over_http(server) -> None:  # type: i
         gen = [lp for s in t.segments for lp, m in zip(s.logprobs, s.loss_mask, strict=True) if m]
         assert gen == [lp for turn in t.turns for lp in turn.completion_logprobs]
         assert t.llm_time_s > 0.0
+    # The loss mask is 1 exactly where the completions' tokens sit, in order.
+    for t in trajs:
+        seg = t.segments[0]
+        generated = [tok for tok, m in zip(seg.token_ids, seg.loss_mask, strict=True) if m]
+        assert generated == [tok for turn in t.turns for tok in turn.completion_ids]
+    # Server logprobs equal a teacher-forced recomputation by the same model (fp32).
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    diffs = []
+    with torch.no_grad():
+        for t in trajs:
+            for seg in t.segments:
+                ids = torch.tensor([seg.token_ids])
+                logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)  # (T, V)
+                pos = [i for i, m in enumerate(seg.loss_mask) if m]
+                ref = logp[[p - 1 for p in pos], [seg.token_ids[p] for p in pos]]
+                served = torch.tensor([seg.logprobs[p] for p in pos])
+                diffs.append((ref - served).abs())
+    all_diffs = torch.cat(diffs)
+    assert all_diffs.numel() > 0
+    assert all_diffs.mean().item() <= 1e-4, all_diffs.mean().item()
     m = RolloutCollector.metrics(groups)
     assert m["rollout/num_trajectories"] == 64.0 and m["rollout/response_len_mean"] > 0
