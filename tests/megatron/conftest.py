@@ -38,13 +38,21 @@ else:
     _stub_triton_kernels()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here carries the `megatron` marker (run apart: `pytest -m megatron tests/megatron`)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.megatron)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def megatron_group() -> Iterator[None]:
     """torch.distributed (gloo, world size 1) and Megatron's parallel state, TP = PP = 1.
 

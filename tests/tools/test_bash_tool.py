@@ -59,6 +59,12 @@ async def test_exit_and_restart(sandbox: Sandbox) -> None:
 
 async def test_background_jobs_live_until_close(sandbox: Sandbox) -> None:
     await run(sandbox, "sleep 1000 &")
+    # The job is forked at once but may still be a `bash` child that has not exec'd `sleep`
+    # yet on a loaded machine, so look a few times (bounded).
+    for _ in range(50):
+        if "sleep" in await run(sandbox, "cat /proc/[0-9]*/comm"):
+            break
+        await asyncio.sleep(0.1)
     assert "sleep" in await run(sandbox, "cat /proc/[0-9]*/comm")
     assert any(p.name() == "sleep" for p in marked_processes(sandbox.name))
     # the sandbox fixture closes the sandbox and fails the test if the sleep survives
