@@ -10,7 +10,7 @@ RunConfig
 ├── train       steps, batch size (in groups), PPO epochs, mini-batches, ranks
 ├── engine      the policy's engine (optimizer, LR schedule, dtype, device, micro-batches)
 ├── critic      the critic's engine (adv_estimator=gae only)
-├── inference   embedded inference servers
+├── inference   inference servers: backend (embedded, vLLM, SGLang), count, placement, sync
 ├── checkpoint  where / how often / how many
 ├── logging     console / JSONL / TensorBoard
 ├── sft         warm-up on env demonstrations before RL
@@ -143,17 +143,59 @@ class TrainConfig:
 
 @dataclass(kw_only=True)
 class InferenceConfig:
-    """Embedded inference servers, started on loopback next to the trainer (same dtype/device)."""
+    """The inference servers of a run, started on loopback next to the trainer (policy dtype).
+
+    backend   servers                     weight_sync (auto ->)   other weight_sync choices
+    embedded  python -m agentrl...server  tensors (HTTP buckets)  disk
+    vllm      vLLM (``python`` has vllm)  vllm (transfer engine)  disk
+    sglang    sglang.launch_server        disk                    -
+    """
 
     backend: str = "embedded"
+    """embedded | vllm | sglang."""
     num_servers: int = 1
+    placement: list[str] = field(default_factory=list)
+    """Device of each server (server i gets placement[i % len]): cpu, cuda:0, ...; empty: the
+    policy engine's device. vLLM/SGLang servers on cuda:N see only GPU N."""
     max_batch_size: int = 64
     """Requests a server decodes together."""
     num_threads: int = 0
-    """torch threads per server (0: torch's default)."""
+    """torch threads per server (0: torch's default; embedded only)."""
     startup_timeout_s: float = 180.0
     verify_weights: bool = True
-    """After each sync, compare the servers' weight checksum with the trainer's."""
+    """After each sync, compare the servers' weight checksums with the trainer's."""
+    python: str = ""
+    """Interpreter that has vllm / sglang installed (empty: this one)."""
+    extra_args: list[str] = field(default_factory=list)
+    """Engine flags passed verbatim to every vLLM / SGLang server, e.g.
+    ['--enforce-eager', '--kv-cache-memory-bytes', '268435456']."""
+    weight_sync: str = "auto"
+    """tensors | disk | vllm | auto (the backend's own, see the table above)."""
+    weights_dir: str = ""
+    """Where disk / file weight syncs write (empty: a temp dir, tmpfs when there is one)."""
+    bucket_bytes: int = 256 << 20
+    """Bytes per weight-sync bucket (HTTP body or file)."""
+
+    def sync_path(self) -> str:
+        """The weight-sync path ``weight_sync`` resolves to for this backend."""
+        if self.weight_sync != "auto":
+            return self.weight_sync
+        return {"embedded": "tensors", "vllm": "vllm"}.get(self.backend, "disk")
+
+    def validate(self) -> None:
+        paths = _SYNC_PATHS.get(self.backend)
+        if paths is None:
+            raise ConfigError(
+                f"inference.backend must be one of {', '.join(_SYNC_PATHS)}, got {self.backend!r}"
+            )
+        if self.sync_path() not in paths:
+            raise ConfigError(
+                f"inference.weight_sync={self.weight_sync!r} does not work with "
+                f"inference.backend={self.backend}; use one of auto, {', '.join(paths)}"
+            )
+
+
+_SYNC_PATHS = {"embedded": ("tensors", "disk"), "vllm": ("vllm", "disk"), "sglang": ("disk",)}
 
 
 @dataclass(kw_only=True)
@@ -241,10 +283,7 @@ def _validate_shapes(cfg: RunConfig) -> None:
             f"a mini-batch holds {seqs} sequences, fewer than train.world_size={t.world_size} ranks; "
             "raise train.mini_batch_size or rollout.group_size."
         )
-    if cfg.inference.backend != "embedded":
-        raise ConfigError(
-            f"inference.backend {cfg.inference.backend!r} is not supported by the driver; use 'embedded'"
-        )
+    cfg.inference.validate()
     if cfg.sft.steps and cfg.sft.batch_size < t.world_size:
         raise ConfigError(
             f"sft.batch_size ({cfg.sft.batch_size}) must be >= train.world_size ({t.world_size})"

@@ -1,8 +1,12 @@
-"""The rollout side of a run: embedded servers on loopback, seeded collection, weight sync.
+"""The rollout side of a run: inference servers on loopback, seeded collection, weight sync.
 
-    Fleet.start(model dir) -> N ServerProcess (python -m agentrl.inference.server) -> InferenceClient
+    Fleet.start(model dir) -> N servers (inference.backend) -> InferenceClient
+        embedded: ServerProcess (python -m agentrl.inference.server)
+        vllm:     VLLMServer (inference.python has vllm)   sglang: SGLangServer
     Fleet.collect(samples) -> SeededCollector -> RolloutCollector.stream -> groups (sample order)
-    Fleet.sync(named tensors, version) -> /update_weights_from_tensor (HTTP) -> checksum check
+    Fleet.sync(named tensors, version), by inference.weight_sync:
+        tensors: /update_weights_from_tensor (HTTP) -> /weights_checksum check
+        disk | vllm: a WeightSync (weight_sync.py) -> push -> verify (checksums where served)
 
 Reproducible sampling: every generate request of a rollout carries ``SamplingParams.seed``
 derived from (run seed, sample uid, group member, turn). The server draws each request from
@@ -19,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import sys
 from collections.abc import Awaitable, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -31,6 +36,13 @@ from agentrl.errors import InferenceError
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import Completion, Generator, SamplingParams
+from agentrl.inference.weight_sync import (
+    DiskWeightSync,
+    SGLangWeightSync,
+    VLLMWeightSync,
+    WeightSync,
+    WeightSyncConfig,
+)
 from agentrl.inference.weights import checksum_named_tensors
 from agentrl.rollout.collector import CollectorConfig, RolloutCollector
 from agentrl.types import Sample, Trajectory, TrajectoryGroup
@@ -102,7 +114,7 @@ class SeededCollector(RolloutCollector):
 
 
 class Fleet:
-    """Embedded inference servers for one run, their client, and an event loop to drive them."""
+    """The inference servers of one run, their client, and an event loop to drive them."""
 
     def __init__(
         self, cfg: InferenceConfig, *, run_seed: int, dtype: str, device: str, log_dir: Path
@@ -116,6 +128,8 @@ class Fleet:
         self.servers: list[ServerProcess] = []
         self.client: InferenceClient | None = None
         self.generator: SeededGenerator | None = None
+        self.weight_sync: WeightSync | None = None
+        """None: the embedded tensors path (``client.update_weights_from_tensors``)."""
 
     @classmethod
     def for_run(cls, cfg: RunConfig, log_dir: Path) -> Fleet:
@@ -128,16 +142,7 @@ class Fleet:
 
     def start(self, model_path: str | Path) -> None:
         """Start the servers (in parallel) on free loopback ports and connect a client."""
-        c = self.cfg
-        self.servers = [
-            ServerProcess(ServerProcess.Config(
-                model=str(model_path), dtype=self.dtype, seed=self.run_seed + i,
-                max_batch_size=c.max_batch_size, num_threads=c.num_threads,
-                startup_timeout_s=c.startup_timeout_s, log_path=str(self.log_dir / f"server{i}.log"),
-                extra_args=["--device", self.device],
-            ))
-            for i in range(c.num_servers)
-        ]  # fmt: skip
+        self.servers = [self._server(i, str(model_path)) for i in range(self.cfg.num_servers)]
 
         async def start_all() -> None:
             await asyncio.gather(*(asyncio.to_thread(s.start) for s in self.servers))
@@ -147,8 +152,56 @@ class Fleet:
         (self.log_dir / "servers.json").write_text(
             json.dumps([{"url": s.url, "pid": s.pid} for s in self.servers])
         )
-        self.client = InferenceClient([s.url for s in self.servers])
+        backend = self.cfg.backend
+        urls = [s.url if backend == "embedded" else f"{backend}+{s.url}" for s in self.servers]
+        self.client = InferenceClient(urls)
         self.generator = SeededGenerator(self.client, self.run_seed)
+        self.weight_sync = self._weight_sync(self.client)
+
+    def _server(self, i: int, model: str) -> ServerProcess:
+        c = self.cfg
+        device = c.placement[i % len(c.placement)] if c.placement else self.device
+        log_path = str(self.log_dir / f"server{i}.log")
+        if c.backend == "embedded":
+            return ServerProcess(ServerProcess.Config(
+                model=model, dtype=self.dtype, seed=self.run_seed + i,
+                max_batch_size=c.max_batch_size, num_threads=c.num_threads,
+                startup_timeout_s=c.startup_timeout_s, log_path=log_path,
+                extra_args=["--device", device],
+            ))  # fmt: skip
+        gpu = device.partition(":")[2] if device.startswith("cuda") else ""
+        python = c.python or sys.executable
+        if c.backend == "vllm":
+            from agentrl.inference.backends.vllm import VLLMServer
+
+            env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
+            return VLLMServer(VLLMServer.Config(
+                model=model, dtype=self.dtype, seed=self.run_seed + i, python=python,
+                max_batch_size=c.max_batch_size, startup_timeout_s=c.startup_timeout_s,
+                log_path=log_path, extra_args=list(c.extra_args), env=env,
+            ))  # fmt: skip
+        from agentrl.inference.backends.sglang import SGLangServer
+
+        place = ["--base-gpu-id", gpu] if gpu else []
+        return SGLangServer(SGLangServer.Config(
+            model=model, dtype=self.dtype, seed=self.run_seed + i, python=python,
+            startup_timeout_s=c.startup_timeout_s, log_path=log_path,
+            extra_args=[*place, "--max-running-requests", str(c.max_batch_size), *c.extra_args],
+        ))  # fmt: skip
+
+    def _weight_sync(self, client: InferenceClient) -> WeightSync | None:
+        c = self.cfg
+        path = c.sync_path()
+        if path == "tensors":
+            return None
+        base = WeightSyncConfig(bucket_bytes=c.bucket_bytes, dtype=self.dtype,
+                                root=c.weights_dir or None)  # fmt: skip
+        kw = dataclasses.asdict(base)
+        if path == "vllm":
+            return VLLMWeightSync(client, VLLMWeightSync.Config(**kw))
+        if c.backend == "sglang":
+            return SGLangWeightSync(client, SGLangWeightSync.Config(mode="disk", **kw))
+        return DiskWeightSync(client, base)
 
     def collector(self, config: CollectorConfig, template: ChatTemplate) -> SeededCollector:
         if self.generator is None:
@@ -166,7 +219,13 @@ class Fleet:
     def sync(self, named: Mapping[str, torch.Tensor], version: int, *, verify: bool) -> None:
         """Push weights to every server, tag them ``version``, and check the checksums."""
         assert self.client is not None
-        versions = self.run(self.client.update_weights_from_tensors(named, version))
+        if self.weight_sync is not None:
+            return self._sync_with(self.weight_sync, named, version, verify=verify)
+        versions = self.run(
+            self.client.update_weights_from_tensors(
+                named, version, bucket_bytes=self.cfg.bucket_bytes
+            )
+        )
         stale = {u: v for u, v in versions.items() if v != version}
         if stale:
             raise InferenceError(
@@ -174,6 +233,25 @@ class Fleet:
             )
         if verify:
             self.verify(named)
+
+    def _sync_with(
+        self, sync: WeightSync, named: Mapping[str, torch.Tensor], version: int, *, verify: bool
+    ) -> None:
+        assert self.client is not None
+        self.run(sync.push(named.items(), version))
+        if verify:
+            if not self.run(sync.verify()):
+                raise InferenceError(
+                    f"after a {self.cfg.sync_path()} sync to version {version} the servers do not "
+                    f"hold the trainer's weights: {sync.last_report}; see {self.log_dir}"
+                )
+            return
+        versions = self.run(self.client.weight_versions())
+        stale = {u: v for u, v in versions.items() if v != version}
+        if stale:
+            raise InferenceError(
+                f"servers report weight versions {stale} after a sync to {version}"
+            )
 
     def verify(self, named: Mapping[str, torch.Tensor]) -> None:
         """Every tensor the trainer sent must have the same bytes (in the serving dtype) on every server."""

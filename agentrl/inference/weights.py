@@ -14,10 +14,13 @@ tensor's raw bytes in the serving dtype; the overall checksum hashes the sorted
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -143,8 +146,6 @@ def safetensors_buckets(
     """Serialize tensors as safetensors blobs of about ``bucket_bytes`` each (at least one tensor).
     A tensor sharing storage with one already sent (tied embeddings) is skipped: the server's
     copy is tied too, so updating one updates both."""
-    from safetensors.torch import save
-
     bucket: dict[str, torch.Tensor] = {}
     size = 0
     seen: set[tuple[int, tuple[int, ...], torch.dtype]] = set()
@@ -156,18 +157,65 @@ def safetensors_buckets(
         t = tensor.detach().to("cpu").contiguous()
         nbytes = t.numel() * t.element_size()
         if bucket and size + nbytes > bucket_bytes:
-            yield save(bucket)
+            yield safetensors_bytes(bucket)
             bucket, size = {}, 0
         bucket[name] = t
         size += nbytes
     if bucket:
-        yield save(bucket)
+        yield safetensors_bytes(bucket)
+
+
+# torch dtype <-> safetensors dtype name (the format's spec: huggingface/safetensors README).
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+              torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+              torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+              torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}  # fmt: skip
+_TORCH_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+def safetensors_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    """The safetensors file of ``tensors`` (contiguous, CPU) as ``bytes``, copying each tensor's
+    bytes once (``safetensors.torch.save`` copies twice). Wider dtypes first, so every tensor
+    starts aligned to its element size."""
+    if any(t.dtype not in _ST_DTYPES for t in tensors.values()):
+        from safetensors.torch import save
+
+        return save(dict(tensors))
+    order = sorted(tensors, key=lambda n: -tensors[n].element_size())
+    header: dict[str, object] = {}
+    parts: list[memoryview] = []
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}  # fmt: skip
+        if nbytes:
+            parts.append(t.reshape(-1).view(torch.uint8).numpy().data)
+        offset += nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return b"".join([len(head).to_bytes(8, "little"), head, *parts])
 
 
 def load_safetensors_bytes(data: bytes) -> dict[str, torch.Tensor]:
-    """Parse one bucket; ConfigError if it is not a safetensors blob."""
+    """Parse one bucket into read-only tensors that share ``data``'s memory (no copy; the
+    server only copies them into its model). ConfigError if it is not a safetensors blob."""
     if not data:
         return {}
+    try:
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + n])
+        base = 8 + n
+        out: dict[str, torch.Tensor] = {}
+        with warnings.catch_warnings():  # bytes are read-only; these tensors are never written
+            warnings.simplefilter("ignore", UserWarning)
+            for name, info in header.items():
+                if name != "__metadata__":
+                    out[name] = _view(data, base, info)
+        return out
+    except Exception:
+        pass  # not our layout (or not safetensors): let the library decide
     from safetensors.torch import load
 
     try:
@@ -177,3 +225,16 @@ def load_safetensors_bytes(data: bytes) -> dict[str, torch.Tensor]:
             f"request body is not a safetensors blob ({type(exc).__name__}: {exc}); "
             "send bytes from agentrl.inference.weights.safetensors_buckets()."
         ) from exc
+
+
+def _view(data: bytes, base: int, info: dict[str, Any]) -> torch.Tensor:
+    dtype = _TORCH_DTYPES[info["dtype"]]
+    start, end = info["data_offsets"]
+    shape = info["shape"]
+    if end == start:
+        return torch.empty(shape, dtype=dtype)
+    size = torch.empty(0, dtype=dtype).element_size()
+    if (base + start) % size or (end - start) % size or end + base > len(data):
+        raise ValueError("misaligned or truncated tensor")
+    count = (end - start) // size
+    return torch.frombuffer(data, dtype=dtype, count=count, offset=base + start).reshape(shape)

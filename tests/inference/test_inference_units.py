@@ -18,6 +18,7 @@ from agentrl.inference.weights import (
     checksum_named_tensors,
     load_safetensors_bytes,
     safetensors_buckets,
+    safetensors_bytes,
     validate_named_tensors,
 )
 from agentrl.inference.wire import WireSamplingParams, parse_weight_version
@@ -87,6 +88,19 @@ def test_tied_tensors_are_sent_once() -> None:
     shared = torch.randn(8, 4)
     blobs = list(safetensors_buckets([("embed.weight", shared), ("lm_head.weight", shared)]))
     assert list(load_safetensors_bytes(blobs[0])) == ["embed.weight"]
+
+
+def test_safetensors_bytes_reads_back_with_the_library_and_ours() -> None:
+    from safetensors.torch import load, save
+
+    named = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "f32": torch.randn(7),
+             "flag": torch.tensor([True, False, True]), "empty": torch.zeros(0, 4),
+             "scalar": torch.tensor(3.0), "i64": torch.arange(5)}  # fmt: skip
+    ours = safetensors_bytes(named)
+    for back in (load(ours), load_safetensors_bytes(ours), load_safetensors_bytes(save(named))):
+        assert set(back) == set(named)
+        for name, t in named.items():
+            assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
 
 
 def test_bad_updates_are_refused_before_any_copy() -> None:

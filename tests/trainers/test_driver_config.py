@@ -19,7 +19,8 @@ def test_defaults_with_an_env_validate() -> None:
         (["train.batch_size=6", "train.mini_batch_size=4"], r"train.batch_size=8"),
         (["rollout.group_size=1"], "group_size must be >= 2"),
         (["train.steps=0"], "train.steps"),
-        (["inference.backend=vllm"], "embedded"),
+        (["inference.backend=tgi"], "embedded, vllm, sglang"),
+        (["inference.backend=vllm", "inference.weight_sync=tensors"], "auto, vllm, disk"),
         (["algo.loss_agg=token_mean"], "token-mean"),
     ],
 )
@@ -53,3 +54,17 @@ def test_data_cursor_maps_to_fixed_samples() -> None:
     ]  # fmt: skip
     assert data.sample(3) == data.sample(3)
     assert data.sample(0, eval=True).seed == data.eval_seed  # held out, never cycles
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path"),
+    [
+        ([], "tensors"),
+        (["inference.weight_sync=disk"], "disk"),
+        (["inference.backend=vllm"], "vllm"),
+        (["inference.backend=vllm", "inference.weight_sync=disk"], "disk"),
+        (["inference.backend=sglang"], "disk"),
+    ],
+)
+def test_inference_backend_picks_its_weight_sync(overrides: list[str], path: str) -> None:
+    assert load_run_config(None, [ENV, *overrides]).inference.sync_path() == path

@@ -8,7 +8,16 @@
 
 The field names follow SGLang's ``GenerateReqInput`` and ``UpdateWeightFromDiskReqInput``
 (see ``agentrl/inference/wire.py``). SGLang sends ``weight_version`` as a string; the embedded
-server sends an int; ``parse_weight_version`` accepts both.
+server sends an int; ``parse_weight_version`` accepts both. Documentation this follows:
+
+- native API (/generate, /get_model_info, /get_server_info, /health, /flush_cache, weight
+  updates): https://docs.sglang.io/basic_usage/native_api.html
+- RL integration (pause/continue generation, update_weights_from_disk / _from_distributed,
+  weight versions): https://docs.sglang.io/advanced_features/sglang_for_rl.html
+- the full route list the docs point to: https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/entrypoints/http_server.py
+
+``tests/inference/test_inference_sglang_protocol.py`` drives this dialect (and
+``SGLangWeightSync`` in disk mode) against the embedded server, field by field.
 
 ``SGLangServer`` starts ``python -m sglang.launch_server`` the way ``ServerProcess`` starts the
 embedded server. It is written against SGLang's documented command line; sglang is not
