@@ -175,10 +175,12 @@ async def test_sweep_removes_leftovers_of_a_killed_run(sandbox_root: str) -> Non
         out = subprocess.run([sys.executable, "-c", KILLED_RUN, prefix, sandbox_root],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
         assert "ready" in out.stdout, out.stderr
-        # bwrap's processes die with their parent; the unwrapped sandbox's are left behind
-        for _ in range(500):  # the kernel delivers the parent-death signals asynchronously
+        # bwrap's processes die with their parent; the unwrapped sandbox's are left behind.
+        # Bounded wait: the kernel delivers parent-death signals asynchronously, and on a
+        # loaded machine the background jobs may not have exec'd `sleep` yet (still sh/setsid).
+        for _ in range(1000):
             names = [name_of(p) for p in marked_processes(prefix)]
-            if "bwrap" not in names:
+            if "bwrap" not in names and "sleep" in names:
                 break
             await asyncio.sleep(0.01)
         assert "sleep" in names and "bwrap" not in names
