@@ -26,8 +26,9 @@ Prompts are short and the Calculator prompt quotes the expression exactly as the
 writes it, so the first turn is a copy. Measured: a 1.09M-parameter tiny model (hidden 128,
 4 layers, ``agentrl.tiny``) trained on Calculator-v0 demonstrations alone (batch 16, AdamW
 lr 1e-3) made the exact tool call and the exact answer on 100 of 100 held-out seeds after
-500 steps, for 1- and 2-digit operands; with lr 3e-3 it plateaued. A sequence is ~270 tokens,
-most of it the tool schema that the chat template puts in the system prompt.
+500 steps, for 1- and 2-digit operands; with lr 3e-3 it plateaued. With one-digit operands
+(the quickstart recipe) a 600k-parameter model (hidden 128, 2 layers) learns the copy after
+~100-200 SFT steps at lr 3e-3, and an episode is ~120 tokens with the tiny chat template.
 """
 
 from __future__ import annotations
@@ -193,7 +194,8 @@ class CalculatorEnv(_ToolArithmeticEnv):
         used = self.value in self.evaluated.values()
         correct = answer is not None and answer.replace(",", "").strip() == self.value
         reward = 1.0 if (correct and used) else (self.partial_credit if used else 0.0)
-        return reward, {"answer": self.value, "extracted": answer, "used_tool": used}
+        info = {"answer": self.value, "extracted": answer, "used_tool": used}
+        return reward, {**info, "success": correct and used}  # partial credit is no success
 
     def demonstration(self) -> list[Message] | None:
         if not self.expression:
