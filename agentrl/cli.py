@@ -40,6 +40,8 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:  # one line per HTTP request would bury the metrics tables
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _fail(err: Exception) -> NoReturn:
