@@ -173,7 +173,10 @@ class Engine:
         return self.call(run)
 
     def resume(self) -> concurrent.futures.Future[None]:
-        return self.call(lambda: setattr(self, "paused", False))
+        def run() -> None:
+            self.paused = False
+
+        return self.call(run)
 
     def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``fn`` in the engine thread between steps (works while paused)."""
