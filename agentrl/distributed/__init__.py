@@ -12,10 +12,11 @@ from agentrl.distributed.dispatch import Dispatch, DispatchedMethod, Splittable,
 from agentrl.distributed.futures import GroupFuture, Sharded
 from agentrl.distributed.ray_utils import init_ray_local
 from agentrl.distributed.resources import PlacementStrategy, ResourcePool
-from agentrl.distributed.worker import HostInfo, Worker, WorkerContext
+from agentrl.distributed.worker import DataLayout, HostInfo, Worker, WorkerContext
 from agentrl.distributed.worker_group import GroupMethod, WorkerGroup
 
 __all__ = [
+    "DataLayout",
     "Dispatch",
     "DispatchedMethod",
     "GroupFuture",

@@ -124,11 +124,16 @@ class GroupFuture(Generic[T]):
         site: CallSite,
         gather: Callable[[list[object]], T],
         mode: Dispatch,
+        *,
+        shard_ranks: Sequence[int] | None = None,
     ) -> None:
         self.refs = list(refs)
         self.site = site
         self.mode = mode
         self._gather = gather
+        self._shard_ranks = (
+            list(range(len(self.refs))) if shard_ranks is None else list(shard_ranks)
+        )
 
     def result(self, timeout_s: float | None = None) -> T:
         """Wait (at most ``timeout_s``, default the group's ``call_timeout_s``) and gather."""
@@ -146,7 +151,7 @@ class GroupFuture(Generic[T]):
                 f"{self.site.where()} is a {self.mode.name} method; only DP_SPLIT results are "
                 f"shards of one value. Use result() instead."
             )
-        return Sharded(self.refs, self.site)
+        return Sharded([self.refs[r] for r in self._shard_ranks], self.site)
 
     def __repr__(self) -> str:
         return f"<GroupFuture {self.site.where()} ranks={len(self.refs)}>"

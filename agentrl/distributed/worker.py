@@ -122,6 +122,15 @@ class Worker:
 
         return torch.device("cuda", 0) if self._agentrl_context.gpu_ids else torch.device("cpu")
 
+    def data_parallel_layout(self) -> DataLayout:
+        """This rank's data shard; override when ranks form model-parallel groups.
+
+        Asked once, after ``__init__``: a DP_SPLIT call cuts its inputs into ``dp_size``
+        shards, hands shard ``dp_rank`` to this rank, and gathers the ``collect`` ranks'
+        results in shard order.
+        """
+        return DataLayout(dp_rank=self.rank, dp_size=self.world_size)
+
     def init_process_group(self, timeout_s: float = 300.0) -> None:
         """Join the group's torch.distributed world (``env://``); a no-op if already joined."""
         import datetime
@@ -143,6 +152,20 @@ class Worker:
             world_size=ctx.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class DataLayout:
+    """Which data-parallel shard a rank owns, and whether its results are gathered.
+
+    Plain data parallelism: rank r owns shard r of ``world_size`` and every rank is gathered.
+    A rank of a model-parallel engine (tensor/pipeline parallel) shares its shard with the
+    other ranks of its model-parallel group, and only one of them (``collect``) returns it.
+    """
+
+    dp_rank: int
+    dp_size: int
+    collect: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +198,7 @@ class WorkerHost:
 
     def start(
         self, context: WorkerContext, payload: tuple[type[Worker], tuple[Any, ...], dict[str, Any]]
-    ) -> None:
+    ) -> DataLayout:
         global _active_context
         worker_cls, args, kwargs = payload
         os.environ.update(context.env())
@@ -184,6 +207,7 @@ class WorkerHost:
             self.worker = worker_cls(*args, **kwargs)
         finally:
             _active_context = None
+        return self.worker.data_parallel_layout()
 
     def execute(self, method: str, keep_result: bool, /, *args: Any, **kwargs: Any) -> Any:
         if self.worker is None:

@@ -65,7 +65,14 @@ from agentrl.distributed.dispatch import (
 )
 from agentrl.distributed.futures import CallSite, GroupFuture, Sharded, wait_all
 from agentrl.distributed.resources import ResourcePool
-from agentrl.distributed.worker import CONTROL_GROUP, HostInfo, Worker, WorkerContext, WorkerHost
+from agentrl.distributed.worker import (
+    CONTROL_GROUP,
+    DataLayout,
+    HostInfo,
+    Worker,
+    WorkerContext,
+    WorkerHost,
+)
 from agentrl.errors import ConfigError, ResourceUnavailableError, WorkerTimeoutError
 
 logger = logging.getLogger(__name__)
@@ -120,6 +127,7 @@ class WorkerGroup(Generic[W]):
         self._handles: list[ActorHandle] = []
         self.infos: list[HostInfo] = []
         self.contexts: list[WorkerContext] = []
+        self.layouts: list[DataLayout] = []
         pool.reserve(self.name, share)
         try:
             self._start(tuple(args), dict(kwargs or {}))
@@ -151,7 +159,8 @@ class WorkerGroup(Generic[W]):
         starts = [
             h.start.remote(c, payload) for h, c in zip(self._handles, self.contexts, strict=True)
         ]
-        wait_all(starts, self._site("__init__", self.config.start_timeout_s))
+        layouts = wait_all(starts, self._site("__init__", self.config.start_timeout_s))
+        self.layouts = _check_layouts(layouts, self.name)  # type: ignore[arg-type]
         logger.info(
             "started %s: %d rank(s) on %s, rendezvous %s:%d (%s)",
             self.name,
@@ -223,12 +232,16 @@ class WorkerGroup(Generic[W]):
         self, spec: DispatchSpec, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> GroupFuture[object]:
         site = self._site(spec.name, self.config.call_timeout_s)
-        routed = _route(spec.mode, args, kwargs, self.world_size, site.where())
+        routed = _route(spec.mode, args, kwargs, self.layouts, site.where())
         refs: list[ObjectRef] = []
         for rank, (handle, (a, k)) in enumerate(zip(self._live_handles(), routed, strict=True)):
             keep = spec.mode is not Dispatch.RANK0 or rank == 0
+            if spec.mode is Dispatch.DP_SPLIT:
+                keep = self.layouts[rank].collect
             refs.append(handle.execute.remote(spec.name, keep, *a, **k))
-        return GroupFuture(refs, site, _gatherer(spec.mode, site.where()), spec.mode)
+        shard_ranks = _shard_ranks(self.layouts)
+        gather = _gatherer(spec.mode, site.where(), shard_ranks)
+        return GroupFuture(refs, site, gather, spec.mode, shard_ranks=shard_ranks)
 
     # ------------------------------------------------------------------------ health and end
 
@@ -324,10 +337,42 @@ class GroupMethod:
 # ---------------------------------------------------------------------------- routing inputs
 
 
+def _check_layouts(layouts: list[DataLayout], name: str) -> list[DataLayout]:
+    """Every shard 0..dp_size-1 is owned by some rank and collected from exactly one."""
+    sizes = {lay.dp_size for lay in layouts}
+    if len(sizes) != 1:
+        raise ConfigError(f"{name}: ranks disagree on the data-parallel size: {sorted(sizes)}")
+    dp_size = sizes.pop()
+    collected = sorted(lay.dp_rank for lay in layouts if lay.collect)
+    if collected != list(range(dp_size)) or any(not 0 <= lay.dp_rank < dp_size for lay in layouts):
+        raise ConfigError(
+            f"{name}: data_parallel_layout() must give each shard 0..{dp_size - 1} exactly one "
+            f"collecting rank; got {[(lay.dp_rank, lay.collect) for lay in layouts]}"
+        )
+    return layouts
+
+
+def _shard_ranks(layouts: list[DataLayout]) -> list[int]:
+    """The ranks whose DP_SPLIT results are the shards, in shard order."""
+    owners = {lay.dp_rank: rank for rank, lay in enumerate(layouts) if lay.collect}
+    return [owners[i] for i in range(len(owners))]
+
+
 def _route(
-    mode: Dispatch, args: tuple[object, ...], kwargs: dict[str, object], n: int, where: str
+    mode: Dispatch,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+    layouts: list[DataLayout],
+    where: str,
 ) -> list[tuple[list[object], dict[str, object]]]:
-    """One (args, kwargs) per rank; shards and broadcast values go as object refs."""
+    """One (args, kwargs) per rank; shards and broadcast values go as object refs.
+
+    A DP_SPLIT argument is cut into ``dp_size`` shards; rank r gets shard ``dp_rank`` (ranks of
+    one model-parallel group get the same shard).
+    """
+    n = len(layouts)
+    dp_size = layouts[0].dp_size if layouts else n
+    owner = [lay.dp_rank for lay in layouts]
     names = [f"arg {i}" for i in range(len(args))] + [f"{k}=" for k in kwargs]
     values = [*args, *kwargs.values()]
     columns: list[list[object]] = []  # per argument: the value for each rank
@@ -336,14 +381,16 @@ def _route(
         if mode is Dispatch.ALL_TO_ALL:
             columns.append(split_sequence(value, n, at))
         elif mode is Dispatch.DP_SPLIT and isinstance(value, Sharded):
-            if len(value) != n:
+            if len(value) != dp_size:
                 raise ConfigError(
-                    f"{at}: got {len(value)} shards for {n} ranks; call .gather() and pass the "
-                    f"whole value so it is split again."
+                    f"{at}: got {len(value)} shards for {dp_size} "
+                    f"{'ranks' if dp_size == n else 'data-parallel groups'}; call .gather() and "
+                    f"pass the whole value so it is split again."
                 )
-            columns.append(list(value.refs))
+            columns.append([value.refs[owner[r]] for r in range(n)])
         elif mode is Dispatch.DP_SPLIT and is_splittable(value):
-            columns.append([ray.put(part) for part in split_value(value, n, at)])
+            shards = [ray.put(part) for part in split_value(value, dp_size, at)]
+            columns.append([shards[owner[r]] for r in range(n)])
         else:
             columns.append([_broadcast(value)] * n)
     if mode is Dispatch.DP_SPLIT and not any(
@@ -367,9 +414,9 @@ def _broadcast(value: object) -> object:
     return ray.put(value)
 
 
-def _gatherer(mode: Dispatch, where: str) -> Any:
+def _gatherer(mode: Dispatch, where: str, shard_ranks: list[int]) -> Any:
     if mode is Dispatch.RANK0:
         return lambda results: results[0]
     if mode is Dispatch.DP_SPLIT:
-        return lambda results: concat_results(results, where)
+        return lambda results: concat_results([results[r] for r in shard_ranks], where)
     return list

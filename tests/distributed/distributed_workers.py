@@ -10,7 +10,7 @@ from pathlib import Path
 
 import ray
 
-from agentrl.distributed import Dispatch, Worker, dispatch
+from agentrl.distributed import DataLayout, Dispatch, Worker, dispatch
 
 
 @dataclass
@@ -140,3 +140,24 @@ class FailingInitWorker(Worker):
     @dispatch(Dispatch.ONE_TO_ALL)
     def ok(self) -> bool:
         return True
+
+
+class ModelParallelWorker(Worker):
+    """Ranks in model-parallel groups of ``mp`` (like tensor parallelism): one shard per group."""
+
+    def __init__(self, mp: int, bad_layout: bool = False) -> None:
+        self.mp = mp
+        self.bad_layout = bad_layout
+
+    def data_parallel_layout(self) -> DataLayout:
+        collect = self.bad_layout or self.rank % self.mp == 0  # bad: every rank collects
+        return DataLayout(self.rank // self.mp, self.world_size // self.mp, collect=collect)
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def owned(self, chunk: Chunk) -> list[tuple[int, list[int]]]:
+        """(this rank, the values it got)."""
+        return [(self.rank, chunk.values)]
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def doubled(self, chunk: Chunk) -> Chunk:
+        return Chunk([2 * v for v in chunk.values])
