@@ -46,6 +46,8 @@ class EngineConfig:
 
     model_path: str = ""
     """Local Hugging Face directory to load."""
+    backend: str = "torch"
+    """Which engine trains it: torch (transformers, FSDP2) or megatron (Megatron-core, CUDA)."""
     role: str = "actor"
     """actor (policy, trained), ref (frozen, logprobs only) or critic (value head, trained)."""
     dtype: str = "float32"

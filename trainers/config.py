@@ -36,6 +36,7 @@ from agentrl.logging import MetricsLogger
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import Sample
 from trainers.checkpoint import CheckpointManager
+from trainers.engines.megatron.config import MegatronConfig
 
 
 @dataclass(kw_only=True)
@@ -237,6 +238,8 @@ class RunConfig:
     """The policy's engine (the reference model copies it with role=ref)."""
     critic: EngineConfig = field(default_factory=lambda: EngineConfig(role="critic"))
     """The critic's engine; used only with algo.adv_estimator=gae."""
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """Parallel layout of engines with backend=megatron (world size = train.world_size)."""
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     checkpoint: CheckpointManager.Config = field(default_factory=CheckpointManager.Config)
     logging: MetricsLogger.Config = field(default_factory=MetricsLogger.Config)
@@ -277,6 +280,7 @@ def _validate_shapes(cfg: RunConfig) -> None:
             f"rollout.group_size must be >= 2 for algo.adv_estimator={cfg.algo.adv_estimator} "
             "(the baseline comes from the other group members); try rollout.group_size=8."
         )
+    _validate_megatron(cfg)
     seqs = (t.mini_batch_size or t.batch_size) * r.group_size
     if seqs < t.world_size:
         raise ConfigError(
@@ -293,12 +297,33 @@ def _validate_shapes(cfg: RunConfig) -> None:
 _GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 
 
+def _validate_megatron(cfg: RunConfig) -> None:
+    if cfg.engine.backend != "megatron":
+        return
+    m, world = cfg.megatron, cfg.train.world_size
+    model_parallel = m.tensor_parallel_size * m.pipeline_parallel_size * m.context_parallel_size
+    if model_parallel < 1 or world % model_parallel:
+        raise ConfigError(
+            f"train.world_size ({world}) must be a multiple of megatron.tensor_parallel_size x "
+            f"pipeline_parallel_size x context_parallel_size ({model_parallel}); the rest is data "
+            f"parallel. Try train.world_size={max(model_parallel, 1)}."
+        )
+    if cfg.algo.adv_estimator == "gae" and cfg.critic.backend == "megatron":
+        raise ConfigError(
+            "the megatron engine has no critic (value head); keep critic.backend=torch"
+        )
+
+
 def _validate_names(cfg: RunConfig) -> None:
     """Registry names resolve (each registry raises UnknownIdError with 'did you mean')."""
     from agentrl.algos import ADV_ESTIMATORS, KL_PENALTIES, POLICY_LOSSES
     from agentrl.algos.aggregation import parse_agg_mode
     from agentrl.env import ENVS
+    from trainers.engines import ENGINES
 
+    ENGINES.spec(cfg.engine.backend)
+    if cfg.algo.adv_estimator == "gae":
+        ENGINES.spec(cfg.critic.backend)
     ADV_ESTIMATORS.spec(cfg.algo.adv_estimator)
     POLICY_LOSSES.spec(cfg.algo.policy_loss)
     if cfg.algo.kl.coef:

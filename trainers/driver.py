@@ -238,8 +238,14 @@ class Trainer:
         share = 1.0 / (
             1 + int(self.cfg.algo.kl.coef != 0) + int(self.cfg.algo.adv_estimator == "gae")
         )
-        group: WorkerGroup[Any] = WorkerGroup(self._pool, cls, kwargs={"cfg": engine_cfg, "num_threads": _threads(self.cfg)},
-                            share=share, name=name)  # fmt: skip
+        kwargs = {
+            "cfg": engine_cfg,
+            "num_threads": _threads(self.cfg),
+            "megatron": self.cfg.megatron,
+        }
+        group: WorkerGroup[Any] = WorkerGroup(
+            self._pool, cls, kwargs=kwargs, share=share, name=name
+        )
         self._groups.append(group)
         return group
 

@@ -222,7 +222,10 @@ def run_sft(cfg: RunConfig, model: Path, out: Path, *, num_threads: int) -> dict
                          warmup_steps=0, total_steps=s.steps, min_lr_ratio=0.1, seed=cfg.seed)  # fmt: skip
     pool = ResourcePool(pool_config(cfg))
     group = WorkerGroup(
-        pool, ActorWorker, kwargs={"cfg": engine_cfg, "num_threads": num_threads}, name="sft"
+        pool,
+        ActorWorker,
+        kwargs={"cfg": engine_cfg, "num_threads": num_threads, "megatron": cfg.megatron},
+        name="sft",
     )
     log = MetricsLogger(replace(cfg.logging, console=False), out.parent / "sft_logs")
     last: list[dict[str, float]] = []

@@ -28,20 +28,23 @@ from agentrl.algos import POLICY_LOSSES, Aggregation, PolicyLossConfig, entropy_
 from agentrl.algos.aggregation import AggMode, masked_mean
 from agentrl.algos.losses import value_loss
 from agentrl.batch import TrainBatch
-from agentrl.distributed import Dispatch, Worker, dispatch
+from agentrl.distributed import DataLayout, Dispatch, Worker, dispatch
 from agentrl.engine import Engine, EngineConfig, LossFn, MicroBatch
 from agentrl.logging import mean_metrics
+from trainers.engines.megatron.config import MegatronConfig
 
 logger = logging.getLogger(__name__)
 
 Metrics = dict[str, float]
 
 
-def build_engine(cfg: EngineConfig) -> Engine:
-    """The torch-native engine (the only backend on CPU)."""
+def build_engine(cfg: EngineConfig, megatron: MegatronConfig | None = None) -> Engine:
+    """The engine ``cfg.backend`` names (``megatron`` also takes its parallel layout)."""
     from trainers.engines import ENGINES
 
-    return ENGINES.make("torch", config=cfg)
+    if cfg.backend == "megatron":
+        return ENGINES.make("megatron", config=cfg, parallel=megatron or MegatronConfig())
+    return ENGINES.make(cfg.backend, config=cfg)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,15 +98,24 @@ def _undo_ray_niceness() -> None:
 class EngineWorker(Worker):
     """One rank of a model role: builds and initialises its engine."""
 
-    def __init__(self, cfg: EngineConfig, num_threads: int = 0) -> None:
+    def __init__(
+        self, cfg: EngineConfig, num_threads: int = 0, megatron: MegatronConfig | None = None
+    ) -> None:
         _undo_ray_niceness()
         if num_threads > 0:  # Ray pins OMP threads to the bundle's CPUs; the driver knows better
             torch.set_num_threads(num_threads)
         if self.world_size > 1:
             self.init_process_group()
         torch.manual_seed(cfg.seed + self.rank)
-        self.engine = build_engine(cfg)
+        self.engine = build_engine(cfg, megatron)
         self.engine.initialize()
+
+    def data_parallel_layout(self) -> DataLayout:
+        """Model-parallel engines (megatron TP/PP) share a shard across their group's ranks."""
+        dp_rank = getattr(self.engine, "data_parallel_rank", self.rank)
+        dp_size = getattr(self.engine, "data_parallel_size", self.world_size)
+        mp_rank = getattr(self.engine, "model_parallel_rank", 0)
+        return DataLayout(dp_rank, dp_size, collect=mp_rank == 0)
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> None:

@@ -24,7 +24,6 @@ import logging
 import os
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from agentrl.batch import TrainBatch
 from agentrl.engine import Engine, EngineConfig, LossFn, Metrics, MicroBatch
 from agentrl.errors import ConfigError, TrainingError
 from trainers.engines.megatron import state
+from trainers.engines.megatron.config import MegatronConfig
 from trainers.engines.megatron.forward import Scoring, forward_step
 from trainers.engines.megatron.model import (
     ModelShape,
@@ -49,24 +49,6 @@ from trainers.engines.torch_model import DTYPES
 from trainers.engines.torch_native import lr_factor
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True)
-class MegatronConfig:
-    """Parallel layout and Megatron options (the rest is the shared EngineConfig)."""
-
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    context_parallel_size: int = 1
-    """Needs Transformer Engine's attention; the SDPA core attention supports 1 only."""
-    use_distributed_optimizer: bool = True
-    """Shard fp32 master weights and Adam state over data-parallel ranks (ZeRO-1)."""
-    vocab_multiple: int = 128
-    """Pad the vocabulary to a multiple of this times tensor_parallel_size."""
-    sdpa_attention: bool = True
-    """SDPA core attention; False keeps Megatron's local (unfused) DotProductAttention."""
-    compile_layers: bool = False
-    """torch.compile each decoder layer (experimental: Megatron code has graph breaks)."""
 
 
 def _init_process_group() -> None:
@@ -225,6 +207,16 @@ class MegatronEngine(Engine):
         from megatron.core import parallel_state
 
         return int(parallel_state.get_data_parallel_world_size())
+
+    @property
+    def model_parallel_rank(self) -> int:
+        """0 on the first rank of this rank's model-parallel group (TP x CP x PP), else > 0."""
+        from megatron.core import parallel_state as ps
+
+        p = self.parallel
+        tp, cp = ps.get_tensor_model_parallel_rank(), ps.get_context_parallel_rank()
+        pp = ps.get_pipeline_model_parallel_rank()
+        return int(tp + p.tensor_parallel_size * (cp + p.context_parallel_size * pp))
 
     @property
     def model(self) -> Any:

@@ -1,0 +1,27 @@
+"""The Megatron engine's own options: parallel layout and model-building switches.
+
+Kept apart from ``engine.py`` so that run configs can name them without importing the engine.
+In a recipe they sit under ``megatron:`` and apply when ``engine.backend: megatron``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(kw_only=True)
+class MegatronConfig:
+    """Parallel layout and Megatron options (the rest is the shared EngineConfig)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    context_parallel_size: int = 1
+    """Needs Transformer Engine's attention; the SDPA core attention supports 1 only."""
+    use_distributed_optimizer: bool = True
+    """Shard fp32 master weights and Adam state over data-parallel ranks (ZeRO-1)."""
+    vocab_multiple: int = 128
+    """Pad the vocabulary to a multiple of this times tensor_parallel_size."""
+    sdpa_attention: bool = True
+    """SDPA core attention; False keeps Megatron's local (unfused) DotProductAttention."""
+    compile_layers: bool = False
+    """torch.compile each decoder layer (experimental: Megatron code has graph breaks)."""
