@@ -16,8 +16,9 @@ token) and one ``optimizer_step``. Reported after ``warmup`` steps, over ``steps
 
 Engines: ``torch`` (transformers + SDPA, autocast bf16, fp32 master weights), ``megatron``
 (GPTModel, local spec with SDPA core attention, bf16 params + fp32 distributed Adam) and
-``megatron-local`` (Megatron's own unfused local attention, for reference) and
-``megatron-compile`` (``megatron`` with every decoder layer ``torch.compile``d).
+``megatron-local`` (Megatron's own unfused local attention, for reference),
+``megatron-compile`` (``megatron`` with every decoder layer ``torch.compile``d) and
+``megatron-compile-foreach`` (the same with torch's foreach AdamW instead of the fused one).
 """
 
 from __future__ import annotations
@@ -87,11 +88,12 @@ def run_engine(args: argparse.Namespace) -> dict[str, float | str]:
     if args.engine == "torch":
         engine = ENGINES.make("torch", config=cfg)
     else:
-        from trainers.engines.megatron.engine import MegatronConfig
+        from trainers.engines.megatron.config import MegatronConfig
 
         par = MegatronConfig(
             sdpa_attention=args.engine != "megatron-local",
-            compile_layers=args.engine == "megatron-compile",
+            compile_layers="compile" in args.engine,
+            fused_adam="foreach" not in args.engine,
         )
         engine = ENGINES.make("megatron", config=cfg, parallel=par)
     engine.initialize()

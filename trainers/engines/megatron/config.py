@@ -25,3 +25,6 @@ class MegatronConfig:
     """SDPA core attention; False keeps Megatron's local (unfused) DotProductAttention."""
     compile_layers: bool = False
     """torch.compile each decoder layer (experimental: Megatron code has graph breaks)."""
+    fused_adam: bool = True
+    """Without Apex / Transformer Engine Megatron falls back to ``torch.optim.AdamW``; run it
+    with torch's fused CUDA kernel (one launch for all tensors) instead of the foreach one."""

@@ -51,6 +51,18 @@ from trainers.engines.torch_native import lr_factor
 logger = logging.getLogger(__name__)
 
 
+def _use_fused_torch_adam(optimizer: Any) -> None:
+    """Switch the torch AdamW inside Megatron's optimizer wrappers to the fused kernel.
+
+    A no-op when Megatron found Apex / Transformer Engine (their FusedAdam is already fused).
+    """
+    inners = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", [])]
+    for inner in inners or [getattr(optimizer, "optimizer", None)]:
+        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            for group in inner.param_groups:
+                group["foreach"], group["fused"] = False, True
+
+
 def _init_process_group() -> None:
     if dist.is_initialized():
         return
@@ -188,6 +200,8 @@ class MegatronEngine(Engine):
             use_distributed_optimizer=self.parallel.use_distributed_optimizer,
         )
         optimizer = get_megatron_optimizer(opt_config, [self._ddp])
+        if self.parallel.fused_adam and self.device.type == "cuda":
+            _use_fused_torch_adam(optimizer)
         self._set_lr(c.lr * lr_factor(0, c), optimizer)
         return optimizer
 
@@ -312,6 +326,8 @@ class MegatronEngine(Engine):
     def _all_reduce_dp(self, value: float) -> float:
         from megatron.core import parallel_state
 
+        if self.data_parallel_size == 1:  # no collective, no device sync
+            return value
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, group=parallel_state.get_data_parallel_group())
         return float(t.item())
