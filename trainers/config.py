@@ -140,6 +140,9 @@ class TrainConfig:
     """Training ranks (data parallel) of each model role."""
     num_cpus: int = 0
     """CPUs Ray may use (0: all it detects)."""
+    max_failed_steps: int = 3
+    """Stop the run (TrainingError) after this many consecutive steps in which every rollout
+    failed in the machinery (inference, sandbox, reward, abort); 0 never stops."""
 
 
 @dataclass(kw_only=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from agentrl.chat import ChatTemplate
 from agentrl.config import to_yaml
 from agentrl.distributed import ResourcePool, WorkerGroup, init_ray_local
 from agentrl.engine import EngineConfig
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, TrainingError
 from agentrl.logging import MetricsLogger, Timer, mean_metrics
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.types import TrajectoryGroup
@@ -64,6 +65,7 @@ class Trainer:
         self.step_done = 0  # completed RL steps
         self.version = 0  # weight version on the servers
         self.cursor = 0  # next train sample index
+        self.failed_steps = 0  # consecutive steps whose rollouts all failed in the machinery
         self._groups: list[WorkerGroup[Any]] = []
         self._pool: ResourcePool | None = None
         self._owns_ray = False
@@ -107,6 +109,7 @@ class Trainer:
         t_step = time.perf_counter()
         with self.timer.time("generate"):
             groups, filter_metrics = self.collect()
+        self._check_rollouts(groups, step)
         batch = TrainBatch.from_groups(groups, self.pad_id)
         metrics = {**RolloutCollector.metrics(groups), **filter_metrics}
         with self.timer.time("logprob"):
@@ -129,6 +132,28 @@ class Trainer:
         if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
             self.metrics_log.log(self.evaluate(f"step {step}"), step)
         return metrics
+
+    def _check_rollouts(self, groups: list[TrajectoryGroup], step: int) -> None:
+        """Warn when every rollout of a step failed in the machinery; stop when it persists.
+
+        Such a step trains on nothing (failed rollouts are masked out), so a broken server
+        would otherwise let the run go on, learning nothing, until its last step.
+        """
+        trajs = [t for g in groups for t in g.trajectories]
+        if not trajs or not all(t.status.is_infra_failure for t in trajs):
+            self.failed_steps = 0
+            return
+        self.failed_steps += 1
+        errors = Counter(f"{t.status.value}: {t.error or 'no message'}" for t in trajs)
+        ((top, n),) = errors.most_common(1)
+        limit = self.cfg.train.max_failed_steps
+        logger.warning("step %d: all %d rollouts failed (%d x %s)", step, len(trajs), n, top)
+        if limit and self.failed_steps >= limit:
+            raise TrainingError(
+                f"every rollout failed in {self.failed_steps} consecutive steps (train."
+                f"max_failed_steps={limit}); the most common failure ({n} of {len(trajs)}) was: "
+                f"{top}. Check the server logs in {self.run_dir / 'logs'}."
+            )
 
     def collect(self) -> tuple[list[TrajectoryGroup], dict[str, float]]:
         """``train.batch_size`` groups; with ``algo.filter_groups`` only groups with reward signal."""

@@ -107,7 +107,7 @@ class BatchState:
 
     def select(self, rows: list[int]) -> BatchState:
         """Keep only ``rows``; drop leading columns that are padding in every kept row."""
-        idx = torch.tensor(rows, dtype=torch.long)
+        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
         mask = self.mask[idx]
         used = mask.any(dim=0).nonzero()
         start = int(used[0, 0]) if used.numel() else 0

@@ -293,7 +293,7 @@ class Engine:
                          use_cache=True, logits_to_keep=1)  # fmt: skip
         self._count_forward(len(reqs), "prefill_forwards")
         batch = BatchState(reqs=reqs, cache=cache, mask=mask, next_pos=mask.sum(-1),
-                           last_tokens=torch.zeros(len(reqs), dtype=torch.long))  # fmt: skip
+                           last_tokens=ids.new_zeros(len(reqs)))  # fmt: skip
         fresh = self._advance(batch, out.logits[:, -1])
         if fresh is not None:
             self._batch = fresh if self._batch is None else self._batch.merge(fresh)
@@ -327,7 +327,7 @@ class Engine:
             else:
                 self._finish(req, reason)
         self.stats["tokens_generated"] += batch.size
-        batch.last_tokens = torch.tensor(sampled.tokens, dtype=torch.long)
+        batch.last_tokens = torch.tensor(sampled.tokens, dtype=torch.long, device=logits.device)
         if not keep:
             return None
         return batch if len(keep) == batch.size else batch.select(keep)

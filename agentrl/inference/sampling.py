@@ -40,14 +40,15 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> Sampled:
     """Pick one token per row of ``logits`` (B, V) and its logprob."""
     logits = logits.float()
     n_rows, vocab = logits.shape
-    temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32)
+    dev = logits.device
+    temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
     greedy = temps <= 0.0
     scale = torch.where(greedy, torch.ones_like(temps), temps)
     logp = torch.log_softmax(logits / scale[:, None], dim=-1)  # (B, V)
     tokens = logits.argmax(dim=-1)  # (B,)
     sampled_idx = [i for i, r in enumerate(rows) if r.temperature > 0.0]
     if sampled_idx:
-        idx = torch.tensor(sampled_idx)
+        idx = torch.tensor(sampled_idx, device=dev)
         draws = _draw([rows[i] for i in sampled_idx], logp[idx], vocab)
         tokens[idx] = draws
     token_lp = logp.gather(1, tokens[:, None])[:, 0]
@@ -67,12 +68,13 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> Sampled:
 def _draw(rows: list[RowSampling], logp: torch.Tensor, vocab: int) -> torch.Tensor:
     """Inverse-CDF sampling of (S, V) log-probs, after each row's top-k / top-p filter."""
     probs = logp.exp()  # (S, V)
-    top_k = torch.tensor([r.top_k if 0 < r.top_k < vocab else vocab for r in rows])
-    top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32)
+    dev = logp.device
+    top_k = torch.tensor([r.top_k if 0 < r.top_k < vocab else vocab for r in rows], device=dev)
+    top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
     filtering = bool((top_k < vocab).any() or (top_p < 1.0).any())
     if filtering:
         probs, order = probs.sort(dim=-1, descending=True)  # (S, V)
-        ranks = torch.arange(vocab)[None, :]
+        ranks = torch.arange(vocab, device=dev)[None, :]
         keep = ranks < top_k[:, None]
         before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
         keep &= before < top_p[:, None]
@@ -80,9 +82,10 @@ def _draw(rows: list[RowSampling], logp: torch.Tensor, vocab: int) -> torch.Tens
         n_keep = keep.sum(dim=-1)
     else:
         order = None
-        n_keep = torch.full((len(rows),), vocab)
+        n_keep = torch.full((len(rows),), vocab, device=dev)
     cdf = probs.cumsum(dim=-1)  # (S, V)
-    uniform = torch.cat([torch.rand(1, generator=r.generator) for r in rows])  # (S,)
+    # each row's own (CPU) generator: a request's draws do not depend on its batch or device
+    uniform = torch.cat([torch.rand(1, generator=r.generator) for r in rows]).to(dev)  # (S,)
     target = uniform * cdf[:, -1]
     pos = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
     pos = torch.minimum(pos, n_keep - 1)
