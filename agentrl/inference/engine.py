@@ -24,6 +24,7 @@ generated after an update are tagged with the new version (``output_versions``).
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import itertools
 import logging
 import os
@@ -128,6 +129,7 @@ class Engine:
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
         BatchState.check_supported(self.model)
+        self._cache_kw = _cache_keyword(self.model)
         self.weight_version = 0
         self.paused = False
         self.stats: dict[str, int] = dict.fromkeys(
@@ -289,8 +291,8 @@ class Engine:
             r.start_version = self.weight_version  # the version that makes its first token
         ids, mask, pos = prefill_inputs([r.input_ids for r in reqs], self.pad_id, self.cfg.device)
         cache = BatchState.new_cache(self.model)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                         use_cache=True, logits_to_keep=1)  # fmt: skip
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})  # fmt: skip
         self._count_forward(len(reqs), "prefill_forwards")
         batch = BatchState(reqs=reqs, cache=cache, mask=mask, next_pos=mask.sum(-1),
                            last_tokens=ids.new_zeros(len(reqs)))  # fmt: skip
@@ -303,8 +305,8 @@ class Engine:
         batch = self._batch
         assert batch is not None
         ids, mask, pos = batch.decode_inputs()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=batch.cache,
-                         use_cache=True)  # fmt: skip
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                         use_cache=True, **{self._cache_kw: batch.cache})  # fmt: skip
         batch.mask = mask
         batch.next_pos = batch.next_pos + 1
         self._count_forward(batch.size, "decode_steps")
@@ -397,6 +399,14 @@ class Engine:
 
     def _fail_all(self, message: str) -> None:
         self._abort(None, message, error=message)
+
+
+def _cache_keyword(model: Any) -> str:
+    """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.20) or
+    ``past_key_values`` (earlier). A wrong name is swallowed by ``**kwargs`` and the model
+    silently builds a cache of its own, so look it up instead of guessing."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
