@@ -120,6 +120,7 @@ def test_tensor_parallel_matches_one_rank(
     want_lp, want_ent = ref.compute_logprobs(batch, with_entropy=True)
     want_w = dict(ref.named_weights())
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    vp_logp, vp_grad = _full_vocab_grad()  # what both ranks' slices must add up to
     qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
     assert results[0]["local"][qkv].shape[0] * 2 == ours.model.state_dict()[qkv].shape[0]
     assert not torch.equal(results[0]["local"][qkv], results[1]["local"][qkv])
@@ -127,5 +128,24 @@ def test_tensor_parallel_matches_one_rank(
         torch.testing.assert_close(res["logprobs"], want_lp, rtol=0, atol=1e-5)
         torch.testing.assert_close(res["entropy"], want_ent, rtol=0, atol=1e-5)
         assert res["weights"].keys() == want_w.keys()
+        torch.testing.assert_close(res["vp_logp"], vp_logp, rtol=0, atol=1e-6)
+        torch.testing.assert_close(res["vp_grad"], vp_grad, rtol=0, atol=1e-5)
         for name, tensor in want_w.items():
             assert torch.equal(res["weights"][name], tensor), name
+
+
+def _full_vocab_grad() -> tuple[torch.Tensor, torch.Tensor]:
+    """tp_worker._vocab_parallel_grad on one rank holding the whole vocabulary."""
+    from trainers.engines.megatron.logprobs import vocab_parallel_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(6, 8, generator=gen).requires_grad_(True)
+    weight = torch.randn(16, 8, generator=gen)
+    targets = torch.tensor([0, 3, 7, 8, 12, 5])
+    logp, ent = vocab_parallel_logprobs(
+        hidden, weight, targets, true_vocab=13, tp_rank=0, tp_size=1, with_entropy=True
+    )
+    assert ent is not None
+    (logp.sum() + ent.sum()).backward()
+    assert hidden.grad is not None
+    return logp.detach(), hidden.grad.detach()

@@ -30,7 +30,28 @@ def run(rank: int, port: int, model_path: str, out_dir: str) -> None:
     weights = dict(engine.named_weights())
     local = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     torch.save(
-        {"logprobs": logprobs, "entropy": entropy, "weights": weights, "local": local},
+        {"logprobs": logprobs, "entropy": entropy, "weights": weights, "local": local,
+         **_vocab_parallel_grad(rank)},
         Path(out_dir) / f"rank{rank}.pt",
-    )
+    )  # fmt: skip
     dist.destroy_process_group()
+
+
+def _vocab_parallel_grad(rank: int) -> dict[str, object]:
+    """Gradient of sum(logprob + entropy) w.r.t. replicated hidden states, this rank's vocab half."""
+    import torch
+
+    from trainers.engines.megatron.logprobs import vocab_parallel_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(6, 8, generator=gen).requires_grad_(True)
+    weight = torch.randn(16, 8, generator=gen)  # padded vocab 16, true vocab 13
+    targets = torch.tensor([0, 3, 7, 8, 12, 5])
+    logp, ent = vocab_parallel_logprobs(
+        hidden, weight.chunk(2)[rank], targets, true_vocab=13, tp_rank=rank, tp_size=2,
+        with_entropy=True, chunk_tokens=4,
+    )  # fmt: skip
+    assert ent is not None
+    (logp.sum() + ent.sum()).backward()
+    assert hidden.grad is not None
+    return {"vp_logp": logp.detach(), "vp_grad": hidden.grad.detach()}

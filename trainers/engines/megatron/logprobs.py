@@ -8,7 +8,9 @@ Each rank holds a contiguous slice of the (padded) vocabulary. The softmax norma
 from an all-reduced max and an all-reduced sum of exponentials, the target's logit from the
 one rank that holds it; padded vocabulary rows are masked to -inf. The reductions go through
 Megatron's ``reduce_from_tensor_model_parallel_region`` (all-reduce forward, identity
-backward), so every rank's gradient is the gradient of its own slice. A chunk's fp32 logits
+backward), so every rank's gradient is the gradient of its own slice; the hidden states enter
+through ``copy_to_tensor_model_parallel_region`` (identity forward, all-reduce backward), so
+the layers below get the gradient of the whole vocabulary on every rank. A chunk's fp32 logits
 exist only inside that chunk and are recomputed in backward (activation checkpointing).
 """
 
@@ -75,6 +77,12 @@ def vocab_parallel_logprobs(
     if temperature <= 0:
         raise ConfigError(f"temperature must be > 0, got {temperature}")
     grad = torch.is_grad_enabled() and (hidden_MH.requires_grad or weight_VH.requires_grad)
+    if grad and tp_size > 1:
+        # hidden is replicated over the TP group but each rank projects it onto its own vocab
+        # slice: its gradient is the sum of every rank's part (identity forward, all-reduce back)
+        from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+
+        hidden_MH = copy_to_tensor_model_parallel_region(hidden_MH)
     logps, ents = [], []
     for s in range(0, hidden_MH.shape[0], chunk_tokens):
         args = (
