@@ -23,6 +23,12 @@ but get ``sample_mask = 0`` and an all-zero ``loss_mask``.
 Padding is on the right with ``pad_token_id`` (``versions`` pads with -1, every other field
 with 0). Any tensor field with two or more dims has time on dim 1; ``select``, ``split`` and
 ``micro_batches`` trim padding to the longest row they keep, and ``concat`` pads back.
+A field of shape (B, 1, ...) in a batch with T > 1 is a per-row value broadcast over time
+(the (B, 1) advantages and returns of the sequence-level estimators): it is never trimmed or
+padded, so it costs B values instead of B x T in memory and in the object store. ``concat``
+keeps it (B, 1) when every part has it so, and expands it to (B, T) when it must join a part
+whose field is token-level. (In a batch with T = 1 the two readings coincide; such a field is
+treated as token-level, which only affects padding positions.)
 ``group_ids`` are always 0..G-1 in order of first appearance in the batch; a group's identity
 across split/concat is ``RowInfo.group_key``.
 
@@ -106,6 +112,15 @@ def _padded(
     return out
 
 
+def _cat_time_field(parts: list[torch.Tensor], t: int) -> torch.Tensor:
+    """Concatenate one field's parts along rows; per-row (B, 1) parts that meet token-level
+    (B, t) parts are expanded to (B, t) first (a broadcast, so padding gets the row's value)."""
+    widths = {p.shape[1] for p in parts if p.dim() >= 2}
+    if len(widths) > 1:
+        parts = [p.expand(p.shape[0], t, *p.shape[2:]) if p.shape[1] == 1 else p for p in parts]
+    return torch.cat(parts)
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
@@ -141,7 +156,8 @@ class TrainBatch:
     """B rows of token-aligned training tensors plus their row metadata (see module docstring).
 
     Standard fields, all on ``td`` (extra fields such as ``advantages`` or ``old_logprobs`` are
-    added with ``batch["advantages"] = x``)::
+    added with ``batch["advantages"] = x``; ``advantages`` and ``returns`` are (B, T), or
+    (B, 1) from a sequence-level estimator, see the module docstring)::
 
         input_ids         (B, T) long   right-padded with pad_token_id
         attention_mask    (B, T) long   1 on real tokens
@@ -260,10 +276,14 @@ class TrainBatch:
 
     def __setitem__(self, key: str, value: torch.Tensor) -> None:
         b, t = len(self), self.seq_len
-        if value.dim() == 0 or value.shape[0] != b or (value.dim() >= 2 and value.shape[1] != t):
+        if (
+            value.dim() == 0
+            or value.shape[0] != b
+            or (value.dim() >= 2 and value.shape[1] not in (t, 1))
+        ):
             raise ValueError(
-                f"field {key!r} must be (B,) or (B, T, ...) with B={b}, T={t}; "
-                f"got {tuple(value.shape)}"
+                f"field {key!r} must be (B,) or (B, T, ...) with B={b}, T={t}, or (B, 1, ...) "
+                f"for one value per row broadcast over time; got {tuple(value.shape)}"
             )
         self.td.set(key, value)
 
@@ -314,11 +334,15 @@ class TrainBatch:
         return -1.0 if key in _PAD_MINUS_ONE else 0.0
 
     def _with_length(self, td: TensorDict, t: int) -> TensorDict:
-        """Trim or right-pad every time-axis field of ``td`` to length ``t``."""
+        """Trim or right-pad every time-axis field of ``td`` to length ``t``; per-row (B, 1)
+        fields of a batch with T > 1 stay as they are."""
+        src_t = int(td.get("input_ids").shape[1])
         out = {}
         for key in map(str, td.keys()):
             x = td.get(key)
-            if x.dim() >= 2 and x.shape[1] > t:
+            if x.dim() >= 2 and x.shape[1] == 1 and src_t != 1:
+                pass  # one value per row, broadcast over time
+            elif x.dim() >= 2 and x.shape[1] > t:
                 x = x[:, :t]
             elif x.dim() >= 2 and x.shape[1] < t:
                 pad = x.new_full((x.shape[0], t - x.shape[1], *x.shape[2:]), self._pad_value(key))
@@ -404,7 +428,7 @@ class TrainBatch:
         t = max(b.seq_len for b in batches)
         tds = [first._with_length(b.td, t) for b in batches]
         rows = [r for b in batches for r in b.rows]
-        fields = {k: torch.cat([x.get(k) for x in tds]) for k in map(str, first.td.keys())}
+        fields = {k: _cat_time_field([x.get(k) for x in tds], t) for k in map(str, first.td.keys())}
         fields["group_ids"] = _dense_group_ids(rows).to(first.device)
         td = TensorDict(fields, batch_size=[len(rows)], device=first.td.device)
         return cls(

@@ -2,12 +2,18 @@
 
     python benchmarks/algos.py --batch 1024 --seq 8192      # full size (8M tokens, fp32)
     python benchmarks/algos.py --quick                      # 64 x 512
+    python benchmarks/algos.py --only gae,advantages        # cases whose name has a substring
 
 Builds one synthetic batch (multi-turn response masks with environment-token holes, GRPO
 groups with shuffled, non-contiguous ids), runs every advantage estimator and policy loss in
 its vectorised form and in a naive reference form written here (per-sample loops over time
 steps; groups gathered through dicts of lists), checks that both agree (allclose) and prints
 the times and speedups (vectorised: best of --repeats; naive: best of up to 3 within 2 s).
+Sequence-level estimators (grpo, dr_grpo, rloo, reinforce_plus_plus_baseline) return one
+advantage per row, (B, 1), which is what training consumes; the naive loops build the (B, T)
+per-token tensor as they always do, and agreement is checked on the masked per-token values
+(``token_level``), outside the timed region. One more GRPO case starts from (B, T) token
+rewards (the driver's input) against a loop that sums them first, as verl's core_algos does.
 GAE is timed without whitening and losses forward only. ``check_agreement`` is the same
 comparison on a small batch, for tests.
 """
@@ -33,7 +39,7 @@ from agentrl.algos import (
     Aggregation,
     PolicyLossConfig,
 )
-from agentrl.algos.advantages import group_normalized_scores, leave_one_out_scores
+from agentrl.algos.advantages import group_normalized_scores, leave_one_out_scores, token_level
 
 GAMMA, LAM = 0.99, 0.95
 
@@ -150,6 +156,11 @@ def naive_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     return (x - vals.mean()) / torch.sqrt(vals.var() + eps) * mask
 
 
+def naive_group_from_tokens(token_rewards: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
+    """GRPO from (B, T) token rewards, as verl's core_algos does it: sum, loop, broadcast."""
+    return naive_group(token_rewards.sum(-1), ids, mask, "grpo")
+
+
 def naive_group(scores: Tensor, ids: Tensor, mask: Tensor, kind: str) -> Tensor:
     adv = naive_group_scores(scores, ids, kind)[:, None] * mask
     return naive_whiten(adv, mask) if kind == "reinforce_plus_plus_baseline" else adv
@@ -201,6 +212,11 @@ class Case:
     name: str
     fast: Callable[[], Tensor]
     naive: Callable[[], Tensor]
+    mask: Tensor | None = None
+    """Set for sequence-level (B, 1) outputs: compared as token_level(fast, mask), untimed."""
+
+    def comparable(self, fast_out: Tensor) -> Tensor:
+        return fast_out if self.mask is None else token_level(fast_out, self.mask)
 
 
 def _adv(name: str, cfg: AdvantageConfig, **kw: Tensor) -> Callable[[], Tensor]:
@@ -210,13 +226,13 @@ def _adv(name: str, cfg: AdvantageConfig, **kw: Tensor) -> Callable[[], Tensor]:
     return run
 
 
-def _loss(name: str, d: Batch, agg: str) -> Callable[[], Tensor]:
+def _loss(name: str, d: Batch, agg: str, adv: Tensor | None = None) -> Callable[[], Tensor]:
     def run() -> Tensor:
         fn = POLICY_LOSSES.get(name)
         return fn(
             d.logprobs,
             d.old_logprobs,
-            d.advantages,
+            d.advantages if adv is None else adv,
             d.mask,
             PolicyLossConfig(),
             agg=Aggregation(mode=agg),
@@ -253,7 +269,17 @@ def cases(d: Batch) -> list[Case]:
     for k in ("grpo", "dr_grpo", "rloo"):
         out.append(Case(f"{k} (B,) scores", _scores(k, d), partial(naive_group_scores, s, ids, k)))
     for k in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"):
-        out.append(Case(f"{k} (B, T)", _adv(k, cfg, **grp), partial(naive_group, s, ids, m, k)))
+        name = f"{k} advantages"
+        out.append(Case(name, _adv(k, cfg, **grp), partial(naive_group, s, ids, m, k), d.mask))
+    last = _last_token(s, m)  # what TrainBatch.token_rewards holds: the score on the last token
+    out.append(
+        Case(
+            "grpo advantages, token_rewards in",
+            _adv("grpo", cfg, response_mask=m, token_rewards=last, group_ids=ids),
+            partial(naive_group_from_tokens, last, ids, m),
+            d.mask,
+        )
+    )
     rpp = _adv("reinforce_plus_plus", cfg, response_mask=d.mask, token_rewards=r)
     remax = _adv("remax", cfg, response_mask=d.mask, rewards=s, baseline_rewards=d.baseline)
     out += [
@@ -277,6 +303,15 @@ def cases(d: Batch) -> list[Case]:
             "cispo loss", _loss("cispo", d, "token-mean"), partial(naive_cispo, lp, old, a, m, pcfg)
         ),
     ]
+    row = d.advantages[:, :1]  # (B, 1) sequence-level advantages; the loop gets them per token
+    row_dense = row * m
+    out.append(
+        Case(
+            "ppo_clip loss, (B, 1) adv",
+            _loss("ppo_clip", d, "token-mean", row),
+            partial(naive_ppo, lp, old, row_dense, m, pcfg),
+        )
+    )
     return out
 
 
@@ -299,7 +334,7 @@ def check_agreement(
 ) -> dict[str, tuple[bool, float]]:
     """Run every case both ways on a small batch; name -> (allclose, max abs error)."""
     d = make_batch(batch, seq, group_size, seed)
-    return {c.name: _agree(c.fast(), c.naive()) for c in cases(d)}
+    return {c.name: _agree(c.comparable(c.fast()), c.naive()) for c in cases(d)}
 
 
 def _sync() -> None:
@@ -330,6 +365,9 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="64 x 512 instead of --batch x --seq")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--device", default="cpu", help="where the tensors live: cpu or cuda")
+    p.add_argument(
+        "--only", default="", help="comma-separated substrings: run the cases whose name has one"
+    )
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -341,10 +379,13 @@ def main() -> None:
     )
     print(f"{'':30s} {'vectorised':>12s} {'naive loop':>12s} {'speedup':>9s}  agree (max abs err)")
     failed = []
+    wanted = [w for w in args.only.split(",") if w]
     for c in cases(d):
+        if wanted and not any(w in c.name for w in wanted):
+            continue
         fast_s, fast_out = _time(c.fast, args.repeats)
         naive_s, naive_out = _naive_time(c.naive)
-        ok, err = _agree(fast_out, naive_out)
+        ok, err = _agree(c.comparable(fast_out), naive_out)
         failed += [] if ok else [c.name]
         print(
             f"{c.name:30s} {fast_s * 1e3:10.1f}ms {naive_s * 1e3:10.1f}ms {naive_s / fast_s:8.1f}x  {ok} ({err:.2e})"

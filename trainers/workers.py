@@ -11,7 +11,8 @@ spec (``PolicyUpdate`` / ``CriticUpdate``), so nothing but data crosses Ray.
 
 PPO loop of one update (per rank, on its shard): ``epochs`` x ``num_mini_batches`` optimizer
 steps; each mini-batch is one ``engine.forward_backward`` (the engine micro-batches it) with
-the loss normalised by the global token/row count, then one ``engine.optimizer_step``.
+the loss normalised by the global token/row count, then one ``engine.optimizer_step`` (which
+skips the AdamW update when the gradient is exactly 0: no signal, no momentum step).
 """
 
 from __future__ import annotations
@@ -160,7 +161,13 @@ class ActorWorker(RefWorker):
 
     @dispatch(Dispatch.DP_SPLIT)
     def update_policy(self, batch: TrainBatch, spec: PolicyUpdate) -> list[Metrics]:
-        """Needs fields ``old_logprobs`` and ``advantages`` (and ``ref_logprobs`` for KL loss)."""
+        """Needs fields ``old_logprobs`` and ``advantages`` (and ``ref_logprobs`` for KL loss).
+
+        ``advantages`` is (B, T), or (B, 1) from a sequence-level estimator (grpo, rloo, ...):
+        the losses broadcast it over ``loss_mask``. A mini-batch whose loss carries no gradient
+        (all advantages 0, no entropy or KL term) makes the engine skip its optimizer step;
+        ``train/skipped_step`` and ``train/skipped_<reason>`` report the fraction skipped.
+        """
         loss_fn = POLICY_LOSSES.get(spec.loss)
 
         def policy_loss(

@@ -1,11 +1,12 @@
 """RL algorithms as pure, vectorised tensor functions in registries.
 
-    AdvantageInputs --ADV_ESTIMATORS--> advantages, returns (B, T)
+    AdvantageInputs --ADV_ESTIMATORS--> advantages, returns: (B, T), or (B, 1) per row
     logprobs, old_logprobs, advantages --POLICY_LOSSES--> loss, metrics
     logprobs, ref_logprobs --KL_PENALTIES--> per-token KL (as a loss or in the reward)
 
 Shapes: token-level tensors are (B, T) with a mask that is 1 on generated tokens (0 on prompt,
-environment and padding tokens); sequence-level tensors are (B,); GRPO groups are an integer
+environment and padding tokens); sequence-level tensors are (B,), or (B, 1) where they broadcast against (B, T) tensors (the
+advantages of grpo, dr_grpo, rloo and reinforce_plus_plus_baseline); GRPO groups are an integer
 ``group_ids`` (B,) with arbitrary ids. See docs/guides/algorithms.md.
 """
 
@@ -15,6 +16,7 @@ from agentrl.algos.advantages import (
     gae,
     group_normalized_scores,
     leave_one_out_scores,
+    token_level,
 )
 from agentrl.algos.aggregation import (
     AggMode,
@@ -91,5 +93,6 @@ __all__ = [
     "register_kl",
     "register_policy_loss",
     "rollout_is_weights",
+    "token_level",
     "value_loss",
 ]

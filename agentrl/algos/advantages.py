@@ -1,14 +1,25 @@
 """Advantage estimators: rewards (and values) in, per-token advantages and returns out.
 
     AdvantageInputs(response_mask (B, T), rewards (B,) | token_rewards (B, T), values, group_ids)
-      -> ADV_ESTIMATORS.get(name)(inputs, AdvantageConfig) -> (advantages (B, T), returns (B, T))
+      -> ADV_ESTIMATORS.get(name)(inputs, AdvantageConfig) -> (advantages, returns)
+
+Output shapes: estimators whose advantage varies along a sequence (gae, reinforce_plus_plus,
+remax) return (B, T) tensors that are 0 wherever ``response_mask`` is 0. The sequence-level
+estimators (grpo, dr_grpo, rloo, reinforce_plus_plus_baseline) give every generated token of a
+row the same value and return it once per row, (B, 1): it broadcasts against the (B, T) mask
+in the policy losses, the masked statistics of :mod:`agentrl.algos.aggregation` and
+``TrainBatch`` (which keeps (B, 1) fields through select/split/concat), so a training step
+never writes, stores, ships to the workers or reads back a (B, T) tensor of repeated values.
+Its value on mask-0 tokens is whatever the row's value is: always apply the mask (every
+function of this package does), or call :func:`token_level` for a dense (B, T) tensor that is 0
+off the mask.
 
 Every estimator is vectorised: group statistics use ``index_add`` over dense group ids and
-time recursions use the blocked scan of :mod:`agentrl.algos.ops`; nothing loops over samples,
-groups or time steps in Python. Estimators without a critic return the advantages tensor
-itself as the returns (not a copy). Advantages are constants of the policy loss, so estimators run
-under ``torch.no_grad`` and work in place where they can (on CPU a fresh (B, T) tensor costs
-page faults that dwarf the arithmetic). Outputs are 0 wherever ``response_mask`` is 0.
+time recursions use the blocked scan of :mod:`agentrl.algos.ops` over cache-sized chunks of
+rows; nothing loops over samples, groups or time steps in Python. Estimators without a critic
+return the advantages tensor itself as the returns (not a copy). Advantages are constants of
+the policy loss, so estimators run under ``torch.no_grad`` and work in place where they can
+(on CPU a fresh (B, T) tensor costs page faults that dwarf the arithmetic).
 
 Deliberate departures from the papers and common implementations:
 - Multi-turn masks with holes: GAE and discounted returns run over generated (mask-1) tokens
@@ -36,10 +47,12 @@ from agentrl.algos.aggregation import masked_whiten
 from agentrl.algos.ops import (
     TokenLayout,
     check_same_shape,
+    check_token_or_row,
     discounted_reverse_cumsum,
     final_reward_returns,
     group_mean_std,
     masked_discounted_returns,
+    row_chunks,
     scatter_to_last_token,
 )
 from agentrl.algos.registry import register_advantage
@@ -107,13 +120,18 @@ class AdvantageInputs:
         return self.response_mask.to(self.dtype)
 
     def scores(self) -> Tensor:
-        """(B,) sequence scores: ``rewards``, else the sum of token rewards over mask-1 tokens."""
+        """(B,) sequence scores: ``rewards``, else the sum of token rewards over mask-1 tokens.
+
+        Token rewards must be finite (a masked-out inf or NaN would leak into the sum).
+        """
         if self.rewards is not None:
             return self.rewards.to(self.dtype)
         assert self.token_rewards is not None
-        return torch.where(self.response_mask.bool(), self.token_rewards, 0.0).sum(
-            -1, dtype=self.dtype
-        )
+        r, m = self.token_rewards, self.response_mask
+        out = torch.empty(r.shape[0], dtype=self.dtype, device=r.device)
+        for rows in row_chunks(r.shape[0], r.shape[1], r.device):  # temporaries stay in cache
+            torch.sum(r[rows].to(self.dtype) * m[rows].to(self.dtype), -1, out=out[rows])
+        return out
 
     def per_token_rewards(self) -> Tensor:
         """(B, T) rewards: ``token_rewards``, else ``rewards`` on the last generated token."""
@@ -147,17 +165,24 @@ def gae(
         A_t     = delta_t + gamma * lam * A_next(t)
         R_t     = A_t + V_t
     Returns (A, R), both (B, T) and 0 on mask-0 tokens. Not whitened. No gradient.
-    Runs on the packed layout (generated tokens first), where next(t) = t + 1.
+    Runs on the packed layout (generated tokens first), where next(t) = t + 1, one cache-sized
+    chunk of rows at a time (:func:`agentrl.algos.ops.row_chunks`).
     """
     check_same_shape("values", values, "token_rewards", token_rewards)
-    layout = TokenLayout.of(mask)
-    delta = layout.pack(token_rewards)  # (B, W), becomes delta in place
-    v = layout.pack(values)  # (B, W), 0 past each row's generated tokens
-    delta[:, :-1].add_(v[:, 1:], alpha=gamma)
-    delta.sub_(v)
-    adv = discounted_reverse_cumsum(delta, gamma * lam, out=delta.new_empty(delta.shape))
-    ret = v.add_(adv)  # packed returns: 0 past each row's generated tokens, like adv
-    return layout.unpack(adv), layout.unpack(ret)
+    check_same_shape("mask", mask, "token_rewards", token_rewards)
+    adv = torch.empty_like(token_rewards, memory_format=torch.contiguous_format)
+    ret = torch.empty_like(adv)
+    b, t = adv.shape
+    for rows in row_chunks(b, t, adv.device):  # cache-sized chunks of rows, see ops.row_chunks
+        layout = TokenLayout.of(mask[rows])
+        delta = layout.pack(token_rewards[rows])  # (R, W), becomes delta in place
+        v = layout.pack(values[rows])  # (R, W), 0 past each row's generated tokens
+        delta[:, :-1].add_(v[:, 1:], alpha=gamma)
+        delta.sub_(v)
+        a = discounted_reverse_cumsum(delta, gamma * lam)
+        layout.unpack_into(a, adv[rows])
+        layout.unpack_into(v.add_(a), ret[rows])  # packed returns, 0 past the generated tokens
+    return adv, ret
 
 
 @register_advantage("gae", description="PPO with a critic: GAE(gamma, lambda), whitened")
@@ -167,13 +192,20 @@ def gae_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, T
     values = inp.require("values", "gae")
     adv, ret = gae(inp.per_token_rewards(), values, inp.response_mask, gamma=cfg.gamma, lam=cfg.lam)
     if cfg.whiten:
-        adv = masked_whiten(adv, inp.response_mask)
+        adv = masked_whiten(adv, inp.response_mask, inplace=True)  # adv is ours: no copy
     return adv, ret
 
 
-def _broadcast(adv_B: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    adv = torch.where(mask.bool(), adv_B[:, None], 0.0)  # (B, T); returns are the same tensor
+def _per_row(adv_B: Tensor) -> tuple[Tensor, Tensor]:
+    adv = adv_B[:, None]  # (B, 1), broadcast over the row's tokens; returns are the same tensor
     return adv, adv
+
+
+def token_level(x: Tensor, mask: Tensor) -> Tensor:
+    """A dense (B, T) copy of advantages or returns: (B, 1) values spread over the mask-1 tokens
+    of each row, 0 elsewhere; a (B, T) input is masked the same way."""
+    check_token_or_row("x", x, "mask", mask)
+    return torch.where(mask.bool(), x, 0.0)
 
 
 def _group_ids(inp: AdvantageInputs, estimator: str) -> Tensor:
@@ -205,26 +237,26 @@ def leave_one_out_scores(scores: Tensor, group_ids: Tensor) -> Tensor:
 @register_advantage("grpo", description="GRPO: (score - group mean) / (group std + eps)")
 @torch.no_grad()
 def grpo_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
-    """A_i = (s_i - mean_g(s)) / (std_g(s) + epsilon), broadcast to the mask-1 tokens of i.
+    """A_i = (s_i - mean_g(s)) / (std_g(s) + epsilon), one value per row: (B, 1).
 
     Without ``cfg.norm_by_std`` it is s_i - mean_g(s). Returns = advantages.
     """
     adv = group_normalized_scores(
         inp.scores(), _group_ids(inp, "grpo"), norm_by_std=cfg.norm_by_std, epsilon=cfg.epsilon
     )
-    return _broadcast(adv, inp.response_mask)
+    return _per_row(adv)
 
 
 @register_advantage("dr_grpo", description="Dr.GRPO: score - group mean, no std division")
 @torch.no_grad()
 def dr_grpo_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
-    """A_i = s_i - mean_g(s) (no std normalisation), broadcast to tokens.
+    """A_i = s_i - mean_g(s) (no std normalisation), one value per row: (B, 1).
 
     Dr.GRPO also drops the 1/|o_i| length normalisation: aggregate its loss with
     ``seq-mean-token-sum-norm`` and a constant ``max_len`` (the generation budget).
     """
     adv = group_normalized_scores(inp.scores(), _group_ids(inp, "dr_grpo"), norm_by_std=False)
-    return _broadcast(adv, inp.response_mask)
+    return _per_row(adv)
 
 
 @register_advantage("rloo", description="RLOO: score minus the mean of the other group members")
@@ -232,11 +264,9 @@ def dr_grpo_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tenso
 def rloo_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     """A_i = s_i - (sum_{j in g, j != i} s_j) / (n_g - 1) = n_g / (n_g - 1) * (s_i - mean_g).
 
-    A group of one gets 0. Broadcast to tokens; returns = advantages.
+    A group of one gets 0. One value per row, (B, 1); returns = advantages.
     """
-    return _broadcast(
-        leave_one_out_scores(inp.scores(), _group_ids(inp, "rloo")), inp.response_mask
-    )
+    return _per_row(leave_one_out_scores(inp.scores(), _group_ids(inp, "rloo")))
 
 
 @register_advantage("reinforce_plus_plus", description="REINFORCE++: discounted returns, whitened")
@@ -258,16 +288,14 @@ def reinforce_pp_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[
 def reinforce_pp_baseline_advantage(
     inp: AdvantageInputs, cfg: AdvantageConfig
 ) -> tuple[Tensor, Tensor]:
-    """A = whiten_batch((s_i - mean_g(s)) on the mask-1 tokens of i). Returns = A."""
+    """A = whiten_batch((s_i - mean_g(s)) on the mask-1 tokens of i), (B, 1). Returns = A.
+
+    Whitening a per-row value weights row i by its token count n_i (one pass over the mask):
+    mean = sum n_i c_i / N, var = sum n_i (c_i - mean)^2 / (N - 1).
+    """
     ids = _group_ids(inp, "reinforce_plus_plus_baseline")
     centred = group_normalized_scores(inp.scores(), ids, norm_by_std=False)
-    # Whitening a per-sample constant over tokens only needs each sample's token count n_i:
-    # mean = sum n_i c_i / N, var = sum n_i (c_i - mean)^2 / (N - 1); one (B, T) pass in all.
-    n = inp.response_mask.sum(-1, dtype=centred.dtype)
-    total = n.sum()
-    mean = (n * centred).sum() / total.clamp(min=1)
-    var = (n * (centred - mean) ** 2).sum() / (total - 1).clamp(min=1)
-    return _broadcast((centred - mean) * torch.rsqrt(var + 1e-8), inp.response_mask)
+    return _per_row(masked_whiten(centred[:, None], inp.response_mask)[:, 0])
 
 
 @register_advantage("remax", description="ReMax: return minus the greedy-decoding reward")
@@ -279,6 +307,6 @@ def remax_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor,
     Returns (A, G).
     """
     baseline = inp.require("baseline_rewards", "remax")
-    returns = inp.discounted_returns(cfg.gamma)
-    adv = _broadcast(baseline.to(returns.dtype), inp.response_mask)[0]
-    return adv.neg_().add_(returns), returns
+    returns = inp.discounted_returns(cfg.gamma)  # 0 on mask-0 tokens
+    m = inp.response_mask.to(returns.dtype)
+    return torch.addcmul(returns, m, baseline.to(returns.dtype)[:, None], value=-1.0), returns

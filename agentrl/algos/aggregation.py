@@ -1,6 +1,10 @@
 """Loss aggregation (per-token loss matrix -> scalar) and masked batch statistics.
 
-    loss_mat (B, T), mask (B, T) --agg_loss(mode, normaliser)--> scalar loss
+    loss_mat (B, T) or (B, 1), mask (B, T) --agg_loss(mode, normaliser)--> scalar loss
+
+A (B, 1) tensor against a (B, T) mask is a per-row value broadcast over the row's tokens (the
+sequence-level advantages of the group estimators); every function here accepts that shape and
+never builds the (B, T) broadcast.
 
 Modes, with L the per-token loss, m the mask, |o_i| = sum_t m_it, N the number of sequences
 that have at least one mask-1 token:
@@ -26,6 +30,7 @@ from enum import StrEnum
 import torch
 from torch import Tensor
 
+from agentrl.algos.ops import is_row_broadcast
 from agentrl.errors import ConfigError
 
 
@@ -59,27 +64,37 @@ def agg_loss(
 ) -> Tensor:
     """Aggregate a per-token loss (B, T) to a scalar; see the module docstring for the formulas.
 
+    ``loss_mat`` may also be (B, 1): one value for every token of a row (a sequence-level term),
+    aggregated as if broadcast over the mask without building the (B, T) product.
     ``normaliser`` replaces the local denominator (token count or sequence count) for gradient
     accumulation; ``max_len`` is the constant of ``seq-mean-token-sum-norm`` (default T).
     """
     agg = parse_agg_mode(mode)
-    if loss_mat.shape != mask.shape:
+    if is_row_broadcast(loss_mat, mask):
+        n_tok = mask.sum(-1, dtype=loss_mat.dtype)  # (B,)
+        tok_sum = loss_mat[:, 0] * n_tok  # (B,)
+    elif loss_mat.shape != mask.shape:
         raise ConfigError(
-            f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must match"
+            f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must match "
+            f"(or loss_mat be ({mask.shape[0]}, 1), one value per row)"
         )
-    m = mask.to(loss_mat.dtype)
+    else:
+        m = mask.to(loss_mat.dtype)
+        if agg is AggMode.TOKEN_MEAN:
+            denom = m.sum().clamp(min=1) if normaliser is None else normaliser
+            return torch.dot(loss_mat.reshape(-1), m.reshape(-1)) / denom
+        tok_sum, n_tok = row_dot(loss_mat, m), m.sum(-1)  # (B,), (B,)
     if agg is AggMode.TOKEN_MEAN:
-        denom = m.sum().clamp(min=1) if normaliser is None else normaliser
-        return torch.dot(loss_mat.reshape(-1), m.reshape(-1)) / denom
-    tok_sum = row_dot(loss_mat, m)  # (B,)
+        denom = n_tok.sum().clamp(min=1) if normaliser is None else normaliser
+        return tok_sum.sum() / denom
     if agg is AggMode.SEQ_MEAN_TOKEN_SUM:
         per_seq = tok_sum
     elif agg is AggMode.SEQ_MEAN_TOKEN_MEAN:
-        per_seq = tok_sum / m.sum(-1).clamp(min=1)
+        per_seq = tok_sum / n_tok.clamp(min=1)
     else:
-        per_seq = tok_sum / float(max_len if max_len is not None else loss_mat.shape[-1])
+        per_seq = tok_sum / float(max_len if max_len is not None else mask.shape[-1])
     if normaliser is None:
-        n_seqs = (m.sum(-1) > 0).sum().clamp(min=1)
+        n_seqs = (n_tok > 0).sum().clamp(min=1)
         return per_seq.sum() / n_seqs
     return per_seq.sum() / normaliser
 
@@ -106,33 +121,57 @@ def row_dot(x: Tensor, m: Tensor) -> Tensor:
     return torch.bmm(x.unsqueeze(1), m.unsqueeze(2)).view(-1)
 
 
+def _row_counts(x: Tensor, mask: Tensor) -> Tensor | None:
+    """(B, 1) mask-1 token counts when ``x`` is a per-row (B, 1) value against (B, T), else None."""
+    return mask.sum(-1, keepdim=True, dtype=x.dtype) if is_row_broadcast(x, mask) else None
+
+
 def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
-    """sum(x m) over all entries."""
-    return torch.dot(x.reshape(-1), mask.to(x.dtype).reshape(-1))
+    """sum(x m) over all entries; x may be (B, 1), broadcast over the (B, T) mask."""
+    n = _row_counts(x, mask)
+    m = n if n is not None else mask.to(x.dtype)
+    return torch.dot(x.reshape(-1), m.reshape(-1))
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """sum(x m) / sum(m); 0 for an empty mask."""
-    m = mask.to(x.dtype)
+    """sum(x m) / sum(m); 0 for an empty mask. x may be (B, 1), broadcast over the mask."""
+    n = _row_counts(x, mask)
+    m = n if n is not None else mask.to(x.dtype)
     return torch.dot(x.reshape(-1), m.reshape(-1)) / m.sum().clamp(min=1)
 
 
 def masked_var(x: Tensor, mask: Tensor, *, unbiased: bool = True) -> Tensor:
-    """Variance of the mask-1 entries (Bessel-corrected when ``unbiased``); 0 if fewer than 2."""
-    m = mask.to(x.dtype)
+    """Variance of the mask-1 entries (Bessel-corrected when ``unbiased``); 0 if fewer than 2.
+
+    x may be (B, 1): each row's value counts once per mask-1 token of that row.
+    """
+    rows = _row_counts(x, mask)
+    m = rows if rows is not None else mask.to(x.dtype)
     n = m.sum()
     mean = (x * m).sum() / n.clamp(min=1)
-    ss = (((x - mean) * m) ** 2).sum()
+    ss = ((x - mean).square() * m).sum()
     denom = (n - 1) if unbiased else n
     return torch.where(denom > 0, ss / denom.clamp(min=1e-12), torch.zeros_like(ss))
 
 
-def masked_whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def masked_whiten(
+    x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8, inplace: bool = False
+) -> Tensor:
     """(x - mean) / sqrt(var + eps) over the mask-1 entries (unbiased var); 0 on mask-0 entries.
 
     With ``shift_mean=False`` the mean is added back (scale only). Without autograd it makes
     one (B, T) temporary (the result); with autograd it is the plain differentiable formula.
+    A per-row x (B, 1) is whitened with token weights (each row counts once per mask-1 token)
+    and stays (B, 1); rows without mask-1 tokens get 0. ``inplace`` reuses a (B, T) ``x``
+    that needs no gradient as the result (no temporary at all).
     """
+    rows = _row_counts(x, mask)  # one pass over the mask; the rest is (B,) arithmetic
+    if rows is not None:
+        n = rows.sum()
+        mean = (x * rows).sum() / n.clamp(min=1)
+        var = ((x - mean).square() * rows).sum() / (n - 1).clamp(min=1)
+        out = (x - mean) * torch.rsqrt(torch.where(n > 1, var, 0.0) + eps)
+        return (out if shift_mean else out + mean) * (rows > 0).to(x.dtype)
     if torch.is_grad_enabled() and x.requires_grad:
         m = mask.to(x.dtype)
         mean = masked_mean(x, mask)
@@ -140,7 +179,7 @@ def masked_whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: floa
         return (out if shift_mean else out + mean) * m
     m = mask.bool()
     n = m.sum().to(x.dtype)
-    out = torch.where(m, x, 0.0)
+    out = x.masked_fill_(m.logical_not(), 0.0) if inplace else torch.where(m, x, 0.0)
     mean = out.sum() / n.clamp(min=1)
     out.sub_(mean).masked_fill_(m.logical_not(), 0.0)
     flat = out.reshape(-1)

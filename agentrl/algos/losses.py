@@ -1,7 +1,14 @@
 """Policy losses, the clipped value loss and the entropy bonus.
 
-    logprobs, old_logprobs, advantages, mask (B, T) --POLICY_LOSSES.get(name)(..., cfg, agg=...)-->
+    logprobs, old_logprobs, mask (B, T), advantages (B, T) or (B, 1)
+        --POLICY_LOSSES.get(name)(..., cfg, agg=...)-->
         (scalar loss, metrics {pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl})
+
+Advantages are token-level (B, T) or sequence-level (B, 1) (what grpo, dr_grpo, rloo and
+reinforce_plus_plus_baseline return): a (B, 1) advantage broadcasts over the row's tokens and
+gives exactly the loss and gradient of its masked (B, T) expansion, while the clip bounds are
+built per row instead of per token. ``is_weights`` may be (B, 1) too; ``value_loss`` takes
+(B, 1) returns.
 
 Every policy loss builds a per-token loss matrix, multiplies it by the optional rollout
 importance-sampling weights (:mod:`agentrl.algos.correction`) and hands it to the
@@ -26,7 +33,7 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.aggregation import Aggregation, masked_mean
-from agentrl.algos.ops import check_same_shape
+from agentrl.algos.ops import check_same_shape, check_token_or_row
 from agentrl.algos.registry import register_policy_loss
 from agentrl.errors import ConfigError
 
@@ -74,13 +81,13 @@ class PolicyLossConfig:
 
 def _check(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> None:
     check_same_shape("old_logprobs", old_logprobs, "logprobs", logprobs)
-    check_same_shape("advantages", advantages, "logprobs", logprobs)
+    check_token_or_row("advantages", advantages, "logprobs", logprobs)
     check_same_shape("mask", mask, "logprobs", logprobs)
 
 
 def _finish(loss_mat: Tensor, mask: Tensor, agg: Aggregation, is_weights: Tensor | None) -> Tensor:
     if is_weights is not None:
-        check_same_shape("is_weights", is_weights, "loss", loss_mat)
+        check_token_or_row("is_weights", is_weights, "loss", loss_mat)
         loss_mat = loss_mat * is_weights.detach()
     return agg(loss_mat, mask)
 
@@ -221,7 +228,7 @@ def value_loss(
     Returns (agg(L), {vf_loss, vf_clipfrac}).
     """
     check_same_shape("old_values", old_values, "values", values)
-    check_same_shape("returns", returns, "values", values)
+    check_token_or_row("returns", returns, "values", values)
     unclipped = (values - returns).square()
     if clip is None:
         loss_mat, clipfrac = 0.5 * unclipped, torch.zeros((), device=values.device)

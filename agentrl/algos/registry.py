@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 
 class AdvantageEstimator(Protocol):
-    """``fn(inputs, cfg) -> (advantages (B, T), returns (B, T))``, both 0 where the mask is 0."""
+    """``fn(inputs, cfg) -> (advantages, returns)``, each (B, T) and 0 where the mask is 0, or
+    (B, 1) for a sequence-level estimator (one value per row, broadcast over the mask)."""
 
     def __call__(self, inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]: ...
 

@@ -7,7 +7,14 @@ import statistics
 import pytest
 import torch
 
-from agentrl.algos import ADV_ESTIMATORS, AdvantageConfig, AdvantageInputs, gae, register_advantage
+from agentrl.algos import (
+    ADV_ESTIMATORS,
+    AdvantageConfig,
+    AdvantageInputs,
+    gae,
+    register_advantage,
+    token_level,
+)
 from agentrl.errors import ConfigError, UnknownIdError
 
 # Group 7 = samples 0, 3, 4 (scores 1, 2, 6); group -3 = samples 1, 2 (0, 1); group 100 = sample 5.
@@ -16,6 +23,9 @@ IDS = torch.tensor([7, -3, -3, 7, 7, 100])
 MASK = torch.tensor(
     [[1, 1, 0], [1, 0, 1], [1, 1, 1], [0, 1, 1], [1, 0, 0], [1, 1, 0]]
 )  # holes and a prompt-like leading 0
+
+
+SEQUENCE_LEVEL = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"}
 
 
 def _run(
@@ -27,6 +37,12 @@ def _run(
 
 def _expect_broadcast(per_sample: list[float]) -> torch.Tensor:
     return torch.tensor(per_sample)[:, None] * MASK.float()
+
+
+def _dense(adv: torch.Tensor, mask: torch.Tensor = MASK) -> torch.Tensor:
+    """A sequence-level estimator's (B, 1) output as masked (B, T) per-token values."""
+    assert adv.shape == (mask.shape[0], 1)
+    return token_level(adv, mask)
 
 
 def test_gae_hand_computed_without_holes() -> None:
@@ -95,16 +111,16 @@ def test_grpo_noncontiguous_groups_and_singleton() -> None:
         0.0,
     ]
     adv, ret = _run("grpo", rewards=SCORES, group_ids=IDS)
-    torch.testing.assert_close(adv, _expect_broadcast(per))
+    torch.testing.assert_close(_dense(adv), _expect_broadcast(per))
     torch.testing.assert_close(ret, adv)
 
 
 def test_grpo_without_std_and_uniform_group_is_zero() -> None:
     adv, _ = _run("grpo", AdvantageConfig(norm_by_std=False), rewards=SCORES, group_ids=IDS)
-    torch.testing.assert_close(adv, _expect_broadcast([-2, -0.5, 0.5, -1, 3, 0]))
+    torch.testing.assert_close(_dense(adv), _expect_broadcast([-2, -0.5, 0.5, -1, 3, 0]))
     flat = torch.tensor([1.0, 1.0])
     adv, _ = _run("grpo", mask=torch.ones(2, 2), rewards=flat, group_ids=torch.tensor([4, 4]))
-    assert torch.equal(adv, torch.zeros(2, 2))
+    assert torch.equal(adv, torch.zeros(2, 1))
 
 
 def test_grpo_scores_from_token_rewards() -> None:
@@ -118,13 +134,13 @@ def test_grpo_scores_from_token_rewards() -> None:
 
 def test_dr_grpo_ignores_std() -> None:
     adv, _ = _run("dr_grpo", AdvantageConfig(norm_by_std=True), rewards=SCORES, group_ids=IDS)
-    torch.testing.assert_close(adv, _expect_broadcast([-2, -0.5, 0.5, -1, 3, 0]))
+    torch.testing.assert_close(_dense(adv), _expect_broadcast([-2, -0.5, 0.5, -1, 3, 0]))
 
 
 def test_rloo_leave_one_out() -> None:
     # group 7: 1 - (2+6)/2, 2 - (1+6)/2, 6 - (1+2)/2; group -3: 0 - 1, 1 - 0; singleton: 0
     adv, _ = _run("rloo", rewards=SCORES, group_ids=IDS)
-    torch.testing.assert_close(adv, _expect_broadcast([-3, -1, 1, -1.5, 4.5, 0]))
+    torch.testing.assert_close(_dense(adv), _expect_broadcast([-3, -1, 1, -1.5, 4.5, 0]))
 
 
 def test_reinforce_plus_plus_discounted_and_whitened() -> None:
@@ -150,7 +166,7 @@ def test_reinforce_plus_plus_baseline() -> None:
     expected = torch.tensor(
         [[(centred[i] - mu) / sd * float(MASK[i, t]) for t in range(3)] for i in range(6)]
     )
-    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(_dense(adv), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_remax_subtracts_greedy_baseline() -> None:
@@ -214,6 +230,10 @@ def test_estimators_leave_inputs_untouched_and_masked_tokens_zero(name: str, hol
     for k, v in before.items():
         assert torch.equal(fields[k], v), f"{name} modified {k}"
     assert not adv.requires_grad and not ret.requires_grad
-    assert adv.shape == ret.shape == (4, 130)
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
+    if name in SEQUENCE_LEVEL:  # one value per row, broadcast over the row's mask-1 tokens
+        assert adv.shape == ret.shape == (4, 1)
+        adv, ret = token_level(adv, mask), token_level(ret, mask)
+    else:
+        assert adv.shape == ret.shape == (4, 130)
     assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()

@@ -2,7 +2,8 @@
 
     TrainBatch shard -> micro-batches (same count on every rank) -> Scorer forward
         -> loss_fn(logprobs, entropy, values, MicroBatch) -> backward (grads summed)
-        -> optimizer_step: clip_grad_norm_ -> AdamW -> LR schedule
+        -> optimizer_step: clip_grad_norm_ -> AdamW (skipped on a zero or non-finite norm)
+           -> LR schedule
 
 With ``torch.distributed`` initialised (gloo on CPU, nccl on GPU) the model is sharded with
 FSDP2 ``fully_shard`` over all ranks; otherwise it is a plain module on one device. Each rank
@@ -49,6 +50,34 @@ def lr_factor(step: int, config: EngineConfig) -> float:
         else 0.5 * (1.0 + math.cos(math.pi * progress))
     )
     return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * shape
+
+
+SKIP_REASONS = {
+    "zero_grad": "every gradient is exactly 0 (e.g. all advantages are 0 and no KL/entropy term)",
+    "nonfinite_grad": "the gradient norm is inf or NaN",
+}
+"""Why an optimizer step is skipped; each reason is reported as ``train/skipped_<reason>``."""
+
+
+def skip_reason(grad_norm: float) -> str | None:
+    """Why the update with this global gradient norm must not run, or None.
+
+    A zero norm means the loss carried no gradient signal (every advantage 0 and no KL or
+    entropy term): AdamW would still move the weights, by its momentum and weight decay, so the
+    step is skipped. A non-finite norm would poison the weights.
+    """
+    if not math.isfinite(grad_norm):
+        return "nonfinite_grad"
+    if grad_norm == 0.0:
+        return "zero_grad"
+    return None
+
+
+def skip_metrics(reason: str | None) -> Metrics:
+    """``train/skipped_step`` (0/1) and one 0/1 ``train/skipped_<reason>`` per known reason."""
+    out = {"train/skipped_step": float(reason is not None)}
+    out |= {f"train/skipped_{r}": float(r == reason) for r in SKIP_REASONS}
+    return out
 
 
 class TorchEngine(Engine):
@@ -284,24 +313,31 @@ class TorchEngine(Engine):
         return {"train/loss": self._all_reduce(total_loss), **merged}
 
     def optimizer_step(self) -> Metrics:
+        """Clip, then AdamW, unless the update carries nothing: see :func:`skip_reason`.
+
+        A skipped step leaves weights and Adam's moments and step count untouched, but the LR
+        schedule and ``self.step`` still advance: they count update opportunities, so the
+        schedule stays a function of the training step (it reaches ``total_steps`` when the run
+        does) and a resumed run replays the same LRs, skipped steps included.
+        """
         optimizer = self.optimizer
         params = [p for group in optimizer.param_groups for p in group["params"]]
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         norm_value = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         lr = float(optimizer.param_groups[0]["lr"])
-        skipped = not math.isfinite(norm_value)
-        if skipped:
-            logger.warning(
-                "gradient norm is %s at step %d; skipping the update", norm_value, self.step
-            )
+        reason = skip_reason(norm_value)
+        if reason is not None:
+            log = logger.info if reason == "zero_grad" else logger.warning
+            log("skipping the optimizer update at step %d: %s (grad norm %s)",
+                self.step, SKIP_REASONS[reason], norm_value)  # fmt: skip
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         assert self._scheduler is not None
         self._scheduler.step()
         self.step += 1
-        return {"train/grad_norm": norm_value, "train/lr": lr, "train/skipped_step": float(skipped)}
+        return {"train/grad_norm": norm_value, "train/lr": lr, **skip_metrics(reason)}
 
     # ---- state ----------------------------------------------------------------------------
 

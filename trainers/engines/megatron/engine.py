@@ -21,6 +21,7 @@ optimizer does not decay biases and norm weights. Critics are not supported.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 from collections.abc import Iterator
@@ -46,7 +47,7 @@ from trainers.engines.megatron.model import (
     transformer_config,
 )
 from trainers.engines.torch_model import DTYPES
-from trainers.engines.torch_native import lr_factor
+from trainers.engines.torch_native import lr_factor, skip_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -387,12 +388,33 @@ class MegatronEngine(Engine):
         finalize_model_grads([self._ddp])  # DP reduce(-scatter) of the summed gradients
         lr = self.config.lr * lr_factor(self.step, self.config)
         self._set_lr(lr, self._optimizer)
-        ok, norm, _ = self._optimizer.step()
-        norm_value = float(norm) if norm is not None else float("nan")
+        reason: str | None = "zero_grad"
+        norm_value = 0.0
+        if self._has_gradient():  # as the torch engine: no signal, no Adam step; LR step advances
+            ok, norm, _ = self._optimizer.step()
+            norm_value = float(norm) if norm is not None else float("nan")
+            reason = None if ok else "nonfinite_grad"
         self._ddp.zero_grad_buffer()
         self._optimizer.zero_grad()
         self.step += 1
-        return {"train/grad_norm": norm_value, "train/lr": lr, "train/skipped_step": float(not ok)}
+        return {"train/grad_norm": norm_value, "train/lr": lr, **skip_metrics(reason)}
+
+    def _has_gradient(self) -> bool:
+        """False when every rank's gradient buffers are exactly 0 (agreed over the world)."""
+        buffers = [
+            *getattr(self._ddp, "buffers", []),
+            *getattr(self._ddp, "expert_parallel_buffers", []),
+        ]
+        grads = [b.grad_data for b in buffers] or [
+            p.main_grad for p in self._ddp.parameters() if getattr(p, "main_grad", None) is not None
+        ]
+        peak = torch.zeros((), dtype=torch.float32, device=self.device)
+        for g in grads:
+            # max |g| without a buffer-sized temporary; a NaN propagates (and counts as not 0)
+            peak = torch.maximum(peak, torch.linalg.vector_norm(g.detach(), math.inf).float())
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return bool(peak != 0)
 
     # ---- state ----------------------------------------------------------------------------
 
