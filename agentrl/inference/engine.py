@@ -402,8 +402,8 @@ class Engine:
 
 
 def _cache_keyword(model: Any) -> str:
-    """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.20) or
-    ``past_key_values`` (earlier). A wrong name is swallowed by ``**kwargs`` and the model
+    """The forward argument that takes the KV cache: ``cache`` (recent transformers, e.g. 5.24)
+    or ``past_key_values`` (older ones, e.g. 5.17). A wrong name is swallowed by ``**kwargs`` and the model
     silently builds a cache of its own, so look it up instead of guessing."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
