@@ -1,7 +1,7 @@
 """Weight-sync time per path next to an in-memory copy of the same bytes, on this machine.
 
     python benchmarks/weight_sync.py                         # tiny + ~0.5B (bf16) models
-    python benchmarks/weight_sync.py --models tiny --repeats 2
+    python benchmarks/weight_sync.py --models 0.5b --paths vllm --repeats 5
     python benchmarks/weight_sync.py --vllm-python /work/vllm-venv/bin/python
 
 Models (``agentrl.tiny.make_tiny_model``, Llama-shaped so vLLM CPU serves them; head_dim >= 32):
@@ -10,27 +10,38 @@ Models (``agentrl.tiny.make_tiny_model``, Llama-shaped so vLLM CPU serves them; 
     0.5b   hidden 1024, 24 layers, 16 heads (4 kv), FFN 5632,
            vocab 1024                                            (~0.48B params)
 
-Paths, each timed from the trainer's tensors to "every server serves version v" (median of
-``--repeats`` pushes, verification not timed but checked once):
+References (the same bytes copied once, in this process):
 
-    memcpy    torch clone of every tensor (the reference: the bytes copied once in memory)
+    memcpy       every tensor copied into one freshly allocated buffer (new pages: the kernel
+                 maps and zeroes them, as it must for any new destination)
+    memcpy-warm  the same copy into that buffer again (pages already mapped: bandwidth only)
+
+Paths, each timed from the trainer's tensors to "every server serves version v" (``push``),
+then ``verify`` (checksum compare) timed on its own; ``--repeats`` pushes of versions 1..n:
+
     tensors   embedded server, safetensors buckets over loopback HTTP (HTTPTensorWeightSync)
     disk      embedded server, shards in /dev/shm -> /update_weights_from_disk (DiskWeightSync)
     vllm      vLLM-CPU server, agentrl_file transfer engine (VLLMWeightSync); only when the
               interpreter given by ``--vllm-python`` exists and imports vllm
 
-Prints one table per model: seconds, GB/s (model bytes / seconds) and ratio to memcpy.
+Prints one table per model: push median and first push, the split of the median push
+(``write``: trainer-side serialization; ``load``: waiting for the servers; they overlap on
+the vllm path), verify, and the ratios of push and of push + verify to the fastest memcpy
+(the minimum over the repeats: other processes slow a copy down, never up). The load average
+is printed before and after: the machine is shared, so repeat runs to see the noise.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,34 +68,63 @@ MODELS: dict[str, dict[str, Any]] = {
         "intermediate_size": 5632,
     },
 }
+PATHS = ("tensors", "disk", "vllm")
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    times = []
+@dataclass
+class Row:
+    label: str
+    push_s: list[float] = field(default_factory=list)
+    write_s: list[float] = field(default_factory=list)
+    load_s: list[float] = field(default_factory=list)
+    verify_s: list[float] = field(default_factory=list)
+
+    def median(self, xs: list[float]) -> float:
+        return statistics.median(xs) if xs else 0.0
+
+
+def memcpy_times(named: dict[str, torch.Tensor], repeats: int) -> tuple[Row, Row]:
+    """(fresh, warm): each tensor copied into one new buffer, then into the same buffer again."""
+    nbytes = sum(t.numel() * t.element_size() for t in named.values())
+    fresh, warm = Row("memcpy"), Row("memcpy-warm")
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for row in (fresh, warm):
+            if row is fresh:
+                buf = torch.empty(nbytes, dtype=torch.uint8)  # mmap'd: new pages every time
+            t0, off = time.perf_counter(), 0
+            for t in named.values():
+                n = t.numel() * t.element_size()
+                buf[off : off + n].copy_(t.reshape(-1).view(torch.uint8))
+                off += n
+            row.push_s.append(time.perf_counter() - t0)
+        del buf
+    return fresh, warm
 
 
 def time_pushes(
-    make: Callable[[InferenceClient], WeightSync], url: str, named: dict[str, torch.Tensor],
-    repeats: int,
-) -> float:  # fmt: skip
-    """Median seconds of ``repeats`` pushes (versions 1..n); the last one is verified."""
+    label: str, make: Callable[[InferenceClient], WeightSync], url: str,
+    named: dict[str, torch.Tensor], repeats: int,
+) -> Row:  # fmt: skip
+    """``repeats`` pushes (versions 1..n), each followed by a verify (timed apart)."""
 
-    async def run() -> float:
+    async def run() -> Row:
+        row = Row(label)
         async with InferenceClient([url]) as client:
             sync = make(client)
-            times = []
             for v in range(1, repeats + 1):
-                t0 = time.perf_counter()
                 await sync.push(named.items(), v)
-                times.append(time.perf_counter() - t0)
-            if not await sync.verify():
-                raise SystemExit(f"verify failed after {type(sync).__name__}: {sync.last_report}")
-            return statistics.median(times)
+                if not await sync.verify():
+                    raise SystemExit(
+                        f"verify failed after {type(sync).__name__}: {sync.last_report}"
+                    )
+                t = sync.times
+                row.push_s.append(t.push_s)
+                row.write_s.append(t.write_s)
+                row.load_s.append(t.load_s)
+                row.verify_s.append(t.verify_s)
+            print(f"  {label}: {sync.last_report[client.urls[0]]}")
+            await sync.close()
+        return row
 
     return asyncio.run(run())
 
@@ -110,35 +150,55 @@ def has_vllm(python: str) -> bool:
     return subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0
 
 
-def bench_model(name: str, args: argparse.Namespace, work: Path) -> list[tuple[str, float]]:
+def bench_model(name: str, args: argparse.Namespace, work: Path) -> list[Row]:
     dtype = args.dtype if name != "tiny" else "float32"
     path = make_tiny_model(work / name, arch="llama", dtype=dtype, **MODELS[name])
     named = trainer_tensors(path, dtype)
     nbytes = sum(t.numel() * t.element_size() for t in named.values())
     params = sum(t.numel() for t in named.values())
     print(f"\n{name}: {params / 1e6:.1f}M params, {dtype}, {nbytes / 1e9:.3f} GB, "
-          f"{len(named)} tensors, bucket {args.bucket_mb} MiB")  # fmt: skip
-    rows = [("memcpy", median_time(lambda: {k: t.clone() for k, t in named.items()}, args.repeats))]
+          f"{len(named)} tensors, bucket {args.bucket_mb} MiB; load average {_load()}")  # fmt: skip
+    rows = list(memcpy_times(named, args.repeats))
     cfg = WeightSyncConfig(bucket_bytes=args.bucket_mb << 20, dtype=dtype)
-    embedded = ServerProcess.Config(model=str(path), dtype=dtype, startup_timeout_s=600)
-    with ServerProcess(embedded) as server:
-        rows.append(("tensors", time_pushes(lambda c: HTTPTensorWeightSync(c, cfg), server.url,
-                                            named, args.repeats)))  # fmt: skip
-        rows.append(("disk", time_pushes(lambda c: DiskWeightSync(c, cfg), server.url,
-                                         named, args.repeats)))  # fmt: skip
-    if has_vllm(args.vllm_python):
-        rows.append(("vllm", bench_vllm(path, dtype, named, args, work)))
-    else:
+    if {"tensors", "disk"} & set(args.paths):
+        embedded = ServerProcess.Config(model=str(path), dtype=dtype, startup_timeout_s=600)
+        with ServerProcess(embedded) as server:
+            if "tensors" in args.paths:
+                rows.append(time_pushes("tensors", lambda c: HTTPTensorWeightSync(c, cfg),
+                                        server.url, named, args.repeats))  # fmt: skip
+            if "disk" in args.paths:
+                rows.append(time_pushes("disk", lambda c: DiskWeightSync(c, cfg), server.url,
+                                        named, args.repeats))  # fmt: skip
+    if "vllm" in args.paths and has_vllm(args.vllm_python):
+        rows.append(bench_vllm(path, dtype, named, args, work))
+    elif "vllm" in args.paths:
         print(f"(no vllm at {args.vllm_python}: vllm path skipped)")
-    print(f"{'path':<10}{'seconds':>10}{'GB/s':>10}{'x memcpy':>10}")
-    for label, sec in rows:
-        print(f"{label:<10}{sec:>10.3f}{nbytes / 1e9 / sec:>10.2f}{sec / rows[0][1]:>10.1f}")
+    print_table(rows, nbytes)
+    print(f"load average after: {_load()}")
     return rows
+
+
+def print_table(rows: list[Row], nbytes: int) -> None:
+    ref, warm = min(rows[0].push_s), min(rows[1].push_s)  # the best copy: stricter ratios
+    print(f"{'path':<12}{'push':>8}{'first':>8}{'write':>8}{'load':>8}{'verify':>8}"
+          f"{'GB/s':>7}{'x memcpy':>10}{'+verify':>9}{'x warm':>8}")  # fmt: skip
+    for r in rows:
+        push, ver = r.median(r.push_s), r.median(r.verify_s)
+        print(f"{r.label:<12}{push:>8.3f}{r.push_s[0]:>8.3f}{r.median(r.write_s):>8.3f}"
+              f"{r.median(r.load_s):>8.3f}{ver:>8.3f}{nbytes / 1e9 / push:>7.2f}"
+              f"{push / ref:>10.2f}{(push + ver) / ref:>9.2f}{push / warm:>8.2f}")  # fmt: skip
+    print(f"seconds: medians over the repeats (first: the first push); ratios to the fastest "
+          f"copy: x memcpy = push / {ref:.3f} s, +verify = (push + verify) / {ref:.3f} s, "
+          f"x warm = push / {warm:.3f} s (memcpy-warm)")  # fmt: skip
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def bench_vllm(
     path: Path, dtype: str, named: dict[str, torch.Tensor], args: argparse.Namespace, work: Path
-) -> float:
+) -> Row:
     from agentrl.inference.backends.vllm import VLLMServer
 
     cfg = VLLMServer.Config(
@@ -147,20 +207,23 @@ def bench_vllm(
         log_path=str(work / f"vllm-{path.name}.log"),
     )  # fmt: skip
     sync_cfg = VLLMWeightSync.Config(bucket_bytes=args.bucket_mb << 20, dtype=dtype,
-                                     pause_mode=None)  # fmt: skip
+                                     pause_mode="keep", keep_files=not args.no_keep_files)  # fmt: skip
     server = VLLMServer(cfg)
     with server:
-        return time_pushes(lambda c: VLLMWeightSync(c, sync_cfg), server.client_url, named,
-                           args.repeats)  # fmt: skip
+        return time_pushes("vllm", lambda c: VLLMWeightSync(c, sync_cfg), server.client_url,
+                           named, args.repeats)  # fmt: skip
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
     p.add_argument("--dtype", default="bfloat16", help="dtype of the larger model")
     p.add_argument("--bucket-mb", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python")
+    p.add_argument("--no-keep-files", action="store_true",
+                   help="vllm: delete each bucket file once loaded (VLLMSyncConfig.keep_files)")  # fmt: skip
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-") as tmp:
         for name in args.models:

@@ -32,6 +32,7 @@ from agentrl.algos.losses import PolicyLossConfig
 from agentrl.config import load_config
 from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError
+from agentrl.inference.supervisor import ServerSupervisor
 from agentrl.logging import MetricsLogger
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import Sample
@@ -161,6 +162,8 @@ class InferenceConfig:
     placement: list[str] = field(default_factory=list)
     """Device of each server (server i gets placement[i % len]): cpu, cuda:0, ...; empty: the
     policy engine's device. vLLM/SGLang servers on cuda:N see only GPU N."""
+    restart: ServerSupervisor.Config = field(default_factory=ServerSupervisor.Config)
+    """Restart a dead server on its port and route to it again once it has the current weights."""
     max_batch_size: int = 64
     """Requests a server decodes together."""
     num_threads: int = 0

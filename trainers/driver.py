@@ -122,6 +122,7 @@ class Trainer:
             self.sync_weights(self.version + 1)
         self.step_done = step  # the data cursor moved in collect()
         metrics |= self.timer.pop()
+        metrics |= self.fleet.metrics() if self.fleet is not None else {}
         metrics["timing/step_s"] = time.perf_counter() - t_step
         metrics["train/weight_version"] = float(self.version)
         metrics["train/data_cursor"] = float(self.cursor)

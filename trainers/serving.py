@@ -1,12 +1,16 @@
 """The rollout side of a run: inference servers on loopback, seeded collection, weight sync.
 
-    Fleet.start(model dir) -> N servers (inference.backend) -> InferenceClient
+    Fleet.start(model dir) -> N servers (inference.backend) -> SupervisedClient
         embedded: ServerProcess (python -m agentrl.inference.server)
         vllm:     VLLMServer (inference.python has vllm)   sglang: SGLangServer
     Fleet.collect(samples) -> SeededCollector -> RolloutCollector.stream -> groups (sample order)
-    Fleet.sync(named tensors, version), by inference.weight_sync:
-        tensors: /update_weights_from_tensor (HTTP) -> /weights_checksum check
-        disk | vllm: a WeightSync (weight_sync.py) -> push -> verify (checksums where served)
+    Fleet.sync(named tensors, version), by inference.weight_sync, to the routable servers:
+        tensors: HTTPTensorWeightSync (/update_weights_from_tensor) | disk | vllm (weight_sync/)
+        -> push -> verify (checksums where served); the tensors and version are kept
+    ServerSupervisor (agentrl/inference/supervisor.py), on the Fleet's event loop:
+        dead server -> out of routing -> restarted on its port -> _rejoin: the kept tensors are
+        pushed to it and verified (or, before any sync, its checksums equal a peer's) -> routed
+        to again; ``metrics()``: inference/server_restarts ...
 
 Reproducible sampling: every generate request of a rollout carries ``SamplingParams.seed``
 derived from (run seed, sample uid, group member, turn). The server draws each request from
@@ -33,17 +37,19 @@ import torch
 
 from agentrl.chat import ChatTemplate
 from agentrl.errors import InferenceError
-from agentrl.inference.client import InferenceClient
+from agentrl.inference.backends.base import call
+from agentrl.inference.backends.vllm import vllm_weight_digests
 from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import Completion, Generator, SamplingParams
+from agentrl.inference.supervisor import ServerSupervisor, SupervisedClient
 from agentrl.inference.weight_sync import (
     DiskWeightSync,
+    HTTPTensorWeightSync,
     SGLangWeightSync,
     VLLMWeightSync,
     WeightSync,
     WeightSyncConfig,
 )
-from agentrl.inference.weights import checksum_named_tensors
 from agentrl.rollout.collector import CollectorConfig, RolloutCollector
 from agentrl.types import Sample, Trajectory, TrajectoryGroup
 from trainers.config import InferenceConfig, RunConfig
@@ -114,11 +120,16 @@ class SeededCollector(RolloutCollector):
 
 
 class Fleet:
-    """The inference servers of one run, their client, and an event loop to drive them."""
+    """The inference servers of one run, their client, and an event loop to drive them.
+
+    Dead servers are restarted and rejoined by a ``ServerSupervisor`` (``supervisor`` config):
+    the Fleet keeps the last synced tensors (a reference to the dict the trainer passed, no
+    copy) and version, so a restarted server gets exactly what the others serve."""
 
     def __init__(
-        self, cfg: InferenceConfig, *, run_seed: int, dtype: str, device: str, log_dir: Path
-    ) -> None:
+        self, cfg: InferenceConfig, *, run_seed: int, dtype: str, device: str, log_dir: Path,
+        supervisor: ServerSupervisor.Config | None = None,
+    ) -> None:  # fmt: skip
         self.cfg = cfg
         self.run_seed = run_seed
         self.dtype = dtype
@@ -126,22 +137,27 @@ class Fleet:
         self.log_dir = log_dir
         self.loop = asyncio.new_event_loop()
         self.servers: list[ServerProcess] = []
-        self.client: InferenceClient | None = None
+        self.client: SupervisedClient | None = None
         self.generator: SeededGenerator | None = None
         self.weight_sync: WeightSync | None = None
-        """None: the embedded tensors path (``client.update_weights_from_tensors``)."""
+        self.supervisor: ServerSupervisor | None = None
+        self.supervisor_cfg = supervisor or ServerSupervisor.Config()
+        self._last: tuple[Mapping[str, torch.Tensor], int] | None = None
+        self._sync_lock = asyncio.Lock()  # one push at a time: a sync or a rejoin
+        self._watch: asyncio.Task[None] | None = None
 
     @classmethod
     def for_run(cls, cfg: RunConfig, log_dir: Path) -> Fleet:
         """Servers in the policy's dtype, on its device."""
         return cls(cfg.inference, run_seed=cfg.seed, dtype=cfg.engine.dtype, device=cfg.engine.device,
-                   log_dir=log_dir)  # fmt: skip
+                   log_dir=log_dir, supervisor=cfg.inference.restart)  # fmt: skip
 
     def run(self, aw: Awaitable[T]) -> T:
         return self.loop.run_until_complete(aw)
 
     def start(self, model_path: str | Path) -> None:
-        """Start the servers (in parallel) on free loopback ports and connect a client."""
+        """Start the servers (in parallel) on free loopback ports, connect a client, and start
+        watching them."""
         self.servers = [self._server(i, str(model_path)) for i in range(self.cfg.num_servers)]
 
         async def start_all() -> None:
@@ -154,9 +170,14 @@ class Fleet:
         )
         backend = self.cfg.backend
         urls = [s.url if backend == "embedded" else f"{backend}+{s.url}" for s in self.servers]
-        self.client = InferenceClient(urls)
+        self.client = SupervisedClient(urls)
         self.generator = SeededGenerator(self.client, self.run_seed)
         self.weight_sync = self._weight_sync(self.client)
+        self.supervisor = ServerSupervisor(
+            self.servers, self.client, self._rejoin, self.supervisor_cfg
+        )
+        if self.supervisor_cfg.enabled:
+            self._watch = self.loop.create_task(self.supervisor.watch())
 
     def _server(self, i: int, model: str) -> ServerProcess:
         c = self.cfg
@@ -189,14 +210,14 @@ class Fleet:
             extra_args=[*place, "--max-running-requests", str(c.max_batch_size), *c.extra_args],
         ))  # fmt: skip
 
-    def _weight_sync(self, client: InferenceClient) -> WeightSync | None:
+    def _weight_sync(self, client: SupervisedClient) -> WeightSync:
         c = self.cfg
         path = c.sync_path()
-        if path == "tensors":
-            return None
         base = WeightSyncConfig(bucket_bytes=c.bucket_bytes, dtype=self.dtype,
                                 root=c.weights_dir or None)  # fmt: skip
         kw = dataclasses.asdict(base)
+        if path == "tensors":
+            return HTTPTensorWeightSync(client, base)
         if path == "vllm":
             return VLLMWeightSync(client, VLLMWeightSync.Config(**kw))
         if c.backend == "sglang":
@@ -217,59 +238,119 @@ class Fleet:
         return groups
 
     def sync(self, named: Mapping[str, torch.Tensor], version: int, *, verify: bool) -> None:
-        """Push weights to every server, tag them ``version``, and check the checksums."""
-        assert self.client is not None
-        if self.weight_sync is not None:
-            return self._sync_with(self.weight_sync, named, version, verify=verify)
-        versions = self.run(
-            self.client.update_weights_from_tensors(
-                named, version, bucket_bytes=self.cfg.bucket_bytes
-            )
-        )
-        stale = {u: v for u, v in versions.items() if v != version}
-        if stale:
-            raise InferenceError(
-                f"servers report weight versions {stale} after a sync to {version}"
-            )
-        if verify:
-            self.verify(named)
+        """Push weights to every routable server, tag them ``version``, check the checksums
+        (``verify``) or at least the versions. Servers out of routing get them on rejoin."""
+        self.run(self._sync(named, version, verify))
 
-    def _sync_with(
-        self, sync: WeightSync, named: Mapping[str, torch.Tensor], version: int, *, verify: bool
-    ) -> None:
-        assert self.client is not None
-        self.run(sync.push(named.items(), version))
-        if verify:
-            if not self.run(sync.verify()):
+    async def _sync(self, named: Mapping[str, torch.Tensor], version: int, verify: bool) -> None:
+        client, sync, supervisor = self._parts()
+        async with self._sync_lock:
+            self._last = (named, version)
+            await supervisor.check()
+            try:
+                await self._push(named, version)
+            except InferenceError:
+                if not await supervisor.check():
+                    raise
+                logger.warning("a server died during the sync to version %d; pushing again "
+                               "to %s", version, sorted(client.backends))  # fmt: skip
+                await self._push(named, version)
+            targets = client.backends
+            if not targets:
+                return
+            if verify:
+                if not await sync.verify(targets=targets):
+                    raise InferenceError(
+                        f"after a {self.cfg.sync_path()} sync to version {version} the servers "
+                        f"do not hold the trainer's weights: {sync.last_report}; see {self.log_dir}"
+                    )
+                return
+            versions = await client.weight_versions()
+            stale = {u: v for u, v in versions.items() if v != version}
+            if stale:
                 raise InferenceError(
-                    f"after a {self.cfg.sync_path()} sync to version {version} the servers do not "
-                    f"hold the trainer's weights: {sync.last_report}; see {self.log_dir}"
+                    f"servers report weight versions {stale} after a sync to {version}"
                 )
-            return
-        versions = self.run(self.client.weight_versions())
-        stale = {u: v for u, v in versions.items() if v != version}
-        if stale:
+
+    async def _push(self, named: Mapping[str, torch.Tensor], version: int) -> None:
+        client, sync, _ = self._parts()
+        if client.backends:
+            await sync.push(named, version, targets=client.backends)
+        else:
+            logger.warning("no server is routable; version %d goes to each on rejoin", version)
+
+    async def _rejoin(self, url: str) -> None:
+        """Bring a restarted server to what the others serve; raise if it does not match."""
+        client, sync, _ = self._parts()
+        backend = client.all_backends[url]
+        async with self._sync_lock:
+            sync.forget(url)
+            if self._last is None:  # never synced: it loaded the model the others started from
+                return await self._same_as_peer(url, backend)
+            named, version = self._last
+            targets = {url: backend}
+            await sync.push(named, version, targets=targets)
+            if not await sync.verify(targets=targets):
+                raise InferenceError(
+                    f"restarted server {url} does not hold version {version} after a re-push: "
+                    f"{sync.last_report.get(url)}"
+                )
+            logger.info("server %s rejoined at version %d (%s)", url, version,
+                        sync.last_report.get(url))  # fmt: skip
+
+    async def _same_as_peer(self, url: str, backend: str) -> None:
+        """Version 0 and, where the backend serves checksums, the same ones as a routable peer."""
+        client, _, _ = self._parts()
+        http = client.http
+        peers = [u for u, b in client.backends.items() if b == backend]
+        if backend == "vllm":
+            sums = [await vllm_weight_digests(http, u) for u in [url, *peers[:1]]]
+        else:
+            got = [await call(http, "GET", u + "/weights_checksum", params={"per_tensor": "0"})
+                   for u in [url, *peers[:1]]]  # fmt: skip
+            if got[0].get("weight_version", 0) not in (0, "0", "default"):
+                raise InferenceError(f"restarted server {url} reports {got[0]['weight_version']}")
+            sums = [g["checksum"] for g in got]
+        if len(sums) == 2 and sums[0] != sums[1]:
             raise InferenceError(
-                f"servers report weight versions {stale} after a sync to {version}"
+                f"restarted server {url} serves other weights than {peers[0]} (version 0)"
             )
 
-    def verify(self, named: Mapping[str, torch.Tensor]) -> None:
-        """Every tensor the trainer sent must have the same bytes (in the serving dtype) on every server."""
-        assert self.client is not None
-        local = checksum_named_tensors(named.items(), dtype=getattr(torch, self.dtype))
-        for url, remote in self.run(self.client.weights_checksum(per_tensor=True)).items():
-            bad = [n for n, c in local.tensors.items() if remote.tensors.get(n) != c]
-            if bad:
-                raise InferenceError(
-                    f"{url} holds different weights than the trainer for {len(bad)} tensor(s), "
-                    f"e.g. {bad[:3]}; the weight sync is broken"
-                )
+    def _parts(self) -> tuple[SupervisedClient, WeightSync, ServerSupervisor]:
+        if self.client is None or self.weight_sync is None or self.supervisor is None:
+            raise InferenceError("Fleet used before start()")
+        return self.client, self.weight_sync, self.supervisor
+
+    def metrics(self) -> dict[str, float]:
+        """``inference/server_restarts`` and friends (zeros before start)."""
+        if self.supervisor is None:
+            return {}
+        return {**self.supervisor.metrics(),
+                "inference/servers_routable": float(len(self.client.urls) if self.client else 0)}  # fmt: skip
+
+    def wait_for_servers(self, timeout_s: float = 600.0) -> None:
+        """Block until no restart is under way (or ``timeout_s``)."""
+        if self.supervisor is not None:
+            self.run(self.supervisor.wait_idle(timeout_s))
 
     def close(self) -> None:
-        if self.client is not None:
-            self.run(self.client.aclose())
-            self.client = None
+        async def unwatch() -> None:
+            if self._watch is not None:
+                self._watch.cancel()
+                await asyncio.gather(self._watch, return_exceptions=True)
+            if self.supervisor is not None:
+                await self.supervisor.close()
+
+        async def disconnect() -> None:
+            if self.weight_sync is not None:
+                await self.weight_sync.close()
+            if self.client is not None:
+                await self.client.aclose()
+
+        self.run(unwatch())
         for s in self.servers:
             s.stop()
+        self.run(disconnect())
+        self.client = self.supervisor = self.weight_sync = None
         self.servers = []
         self.loop.close()

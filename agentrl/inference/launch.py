@@ -3,6 +3,8 @@
     ServerProcess(model_path).start() -> python -m agentrl.inference.server --port <free port>
         -> poll GET /health until 200 (bounded) -> .url
     .stop(): SIGTERM, then SIGKILL after a grace period; .kill(): SIGKILL now (tests, crashes)
+    .restart(): kill what is left, start the same command on the same port, wait until healthy
+        (a supervisor's job; refused once ``stop()`` was called)
 
 Logs go to a file (``log_path``, or a temp file) so a failed start can quote them.
 """
@@ -16,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +73,8 @@ class ServerProcess:
             os.close(fd)
             self.log_path = Path(name)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()  # spawn vs stop from different threads
+        self._stopped = False
 
     def command(self) -> list[str]:
         c = self.cfg
@@ -87,11 +92,29 @@ class ServerProcess:
 
     def spawn(self) -> None:
         """Start the process without waiting (start several, then ``wait_ready`` each)."""
+        with self._lock:
+            self._stopped = False
+            self._popen()
+
+    def _popen(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True,
                                           env=self.environment())  # fmt: skip
+
+    def restart(self) -> None:
+        """Kill what is left of the server, start it again with the same command on the same
+        port, and wait until it answers. InferenceError if ``stop()`` was called meanwhile, or
+        if the new process exits or stays silent past ``startup_timeout_s``."""
+        self.kill()
+        with self._lock:
+            if self._stopped:
+                raise InferenceError(f"server {self.url} was stopped; not restarting it")
+            old = self.pid
+            self._popen()
+        logger.warning("restarting inference server %s (pid %s -> %s)", self.url, old, self.pid)
+        self.wait_ready()
 
     def environment(self) -> dict[str, str] | None:
         """The child's environment; None inherits ours (backends override this)."""
@@ -101,6 +124,8 @@ class ServerProcess:
         """Poll GET /health until 200; InferenceError (with the log tail) on exit or timeout."""
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while time.monotonic() < deadline:
+            if self._stopped:
+                raise InferenceError(f"server {self.url} was stopped while starting")
             if self._proc is not None and self._proc.poll() is not None:
                 raise InferenceError(
                     f"inference server exited with code {self._proc.returncode} during startup; "
@@ -132,9 +157,16 @@ class ServerProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the process has ended (negative: killed by that signal)."""
+        return self._proc.poll() if self._proc is not None else None
+
     def stop(self) -> None:
-        """SIGTERM, wait ``stop_timeout_s``, then SIGKILL."""
-        proc = self._proc
+        """SIGTERM, wait ``stop_timeout_s``, then SIGKILL. A later ``restart()`` is refused."""
+        with self._lock:
+            self._stopped = True
+            proc = self._proc
         if proc is None or proc.poll() is not None:
             return
         proc.send_signal(signal.SIGTERM)

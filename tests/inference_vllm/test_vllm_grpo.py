@@ -40,6 +40,7 @@ OVERRIDES = [
     "rollout.max_new_tokens=8",
     "rollout.max_turns=2",
     "engine.lr=1.0e-2",  # large enough that the served logprobs visibly move
+    "algo.entropy_coef=0.05",  # a gradient even when every reward (and advantage) is 0
     "eval.num_samples=0",
     "checkpoint.every=0",
     "logging.console=false",

@@ -30,6 +30,7 @@ zero-padded vocabulary) so ``/weight_checker`` checksums compare with the traine
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -45,7 +46,6 @@ from agentrl.errors import InferenceError
 from agentrl.inference.backends.base import Dialect, PauseMode, call
 from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import Completion, FinishReason, SamplingParams
-from agentrl.inference.weights import tensor_checksum
 from agentrl.inference.wire import parse_weight_version
 
 _FINISH: dict[str | None, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -240,14 +240,19 @@ _PART = {
 
 
 class VLLMDigests:
-    """Per-parameter SHA-256 digests under vLLM's names, computed from HF-named tensors as they
-    stream past (what ``POST /weight_checker {"action": "checksum"}`` reports at TP = 1).
-    Fused parameters hold their parts until the last one arrives."""
+    """Per-parameter SHA-256 digests under vLLM's names (what ``POST /weight_checker
+    {"action": "checksum"}`` reports at TP = 1), from HF-named tensors as they stream past.
+
+    ``add`` only records where each vLLM parameter's bytes come from (references, no copy);
+    ``get`` hashes one parameter on first use: a fused parameter is its parts' bytes in
+    order and a padded vocabulary adds zero bytes, fed to one incremental SHA-256 (no
+    concatenated copy). ``digests`` hashes every parameter."""
 
     def __init__(self, dtype: torch.dtype | None = None) -> None:
         self.dtype = dtype
-        self.digests: dict[str, str] = {}
+        self._sources: dict[str, tuple[tuple[torch.Tensor, ...], int]] = {}  # parts, pad bytes
         self._parts: dict[str, dict[int, torch.Tensor]] = {}
+        self._digests: dict[str, str] = {}
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         t = tensor.detach() if self.dtype is None else tensor.detach().to(self.dtype)
@@ -257,13 +262,51 @@ class VLLMDigests:
                 got = self._parts.setdefault(key, {})
                 got[index] = t
                 if len(got) == n:
-                    self.digests[key] = tensor_checksum(torch.cat([got[i] for i in range(n)]))
+                    self._set(key, tuple(got[i] for i in range(n)), 0)
                     del self._parts[key]
                 return
+        pad = 0
         if name.endswith(("embed_tokens.weight", "lm_head.weight")) and t.dim() == 2:
-            pad = -t.shape[0] % VOCAB_PADDING  # vLLM pads the vocab with zero rows
-            t = torch.cat([t, t.new_zeros(pad, t.shape[1])]) if pad else t
-        self.digests[name] = tensor_checksum(t)
+            pad = (-t.shape[0] % VOCAB_PADDING) * t.shape[1] * t.element_size()  # zero rows
+        self._set(name, (t,), pad)
+
+    def _set(self, name: str, parts: tuple[torch.Tensor, ...], pad: int) -> None:
+        self._sources[name] = (parts, pad)
+        self._digests.pop(name, None)
+
+    def get(self, name: str) -> str | None:
+        """The digest of one vLLM parameter (None if no tensor of it was added)."""
+        digest = self._digests.get(name)
+        if digest is None and name in self._sources:
+            digest = self._digests[name] = digest_parts(*self._sources[name])
+        return digest
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._sources or name in self._digests
+
+    def freeze(self) -> None:
+        """Hash every parameter now and drop the tensors."""
+        for name in self._sources:
+            self.get(name)
+        self._sources.clear()
+
+    @property
+    def digests(self) -> dict[str, str]:
+        names = [*self._sources, *(n for n in self._digests if n not in self._sources)]
+        return {n: d for n in names if (d := self.get(n)) is not None}
+
+
+def digest_parts(parts: tuple[torch.Tensor, ...], pad_bytes: int = 0) -> str:
+    """SHA-256 of the parts' bytes concatenated (C order), then ``pad_bytes`` zero bytes: the
+    digest of ``torch.cat(parts)`` zero-padded, without building it."""
+    h = hashlib.sha256()
+    for p in parts:
+        flat = p.detach().to("cpu").contiguous().reshape(-1)
+        if flat.numel():
+            h.update(flat.view(torch.uint8).numpy().data)
+    if pad_bytes:
+        h.update(bytes(pad_bytes))
+    return h.hexdigest()
 
 
 async def vllm_weight_digests(http: httpx.AsyncClient, url: str) -> dict[str, str]:
