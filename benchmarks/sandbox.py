@@ -1,14 +1,18 @@
 """Sandbox latency and throughput per backend, next to SWE-ReX's local runtime, in one run.
 
     python benchmarks/sandbox.py [--n 40] [--sandboxes 8] [--per-sandbox 5]
-                                 [--targets local,local-bash,remote,docker,swerex,swerex-bash,subprocess]
+        [--targets local,local-chain,local-bash,remote,docker,swerex,swerex-bash,subprocess]
 
-For each target: create latency, exec latency for ``echo hi``, ``python3 -c pass`` and
-``ls /`` (p50/p99 over ``--n`` sequential runs in one sandbox), destroy latency, and
-concurrent exec throughput (``--sandboxes`` sandboxes, ``--per-sandbox`` ``echo hi`` each, all
-at once). Targets:
+For each target: create latency, the first exec after create, exec latency for ``echo hi``,
+``python3 -c pass`` and ``ls /`` (p50/p99 over ``--n`` sequential runs in one sandbox),
+destroy latency, and concurrent exec throughput (``--sandboxes`` fresh sandboxes,
+``--per-sandbox`` ``echo hi`` each, all at once; this includes each sandbox's first exec).
+Targets:
 
-- ``local``: ``LocalSandbox.exec`` (a fresh bubblewrap + cgroup + rlimits chain per command);
+- ``local``: ``LocalSandbox.exec`` through the sandbox's exec agent (started once per sandbox,
+  at create, through the bubblewrap + cgroup + rlimits chain; each command is then forked
+  inside the sandbox into its own pid namespace);
+- ``local-chain``: ``LocalSandbox.exec`` with ``exec_agent=False`` (a fresh chain per command);
 - ``local-bash``: the ``bash`` tool's persistent shell in a local sandbox (``BashSession.run``);
 - ``remote``: ``RemoteSandbox.exec`` against ``python -m sandboxes.server`` (a subprocess on
   loopback, local backend behind it);
@@ -22,8 +26,12 @@ SWE-ReX is optional (``pip install swe-rex``); without it its rows are skipped w
 and ``subprocess`` is the baseline. Its runtime calls block the event loop (synchronous
 ``subprocess.run`` / pexpect inside ``async def``), so its concurrent figure is serial.
 
-Target: local exec p50 at least 20x lower than SWE-ReX's. Figures on a shared 2-core machine
-vary with load; compare rows from the same run only.
+Target: local exec p50 at least 20x lower than SWE-ReX's ``run_in_session`` (``swerex-bash``),
+checked per command at the end. ``python3 -c pass`` is bounded by Python's own start-up (~12 ms
+here), so it cannot reach 20x against SWE-ReX's ~100 ms per call; the cheap commands can.
+Figures on a shared 2-core machine vary with load; compare rows from the same run only. A
+target that fails (SWE-ReX's pexpect session sometimes times out under load) is reported and
+the others still run.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ class Target:
     exec: Callable[[Any, str], Awaitable[str]]
     destroy: Callable[[Any], Awaitable[None]]
     note: str = ""
+    failures: list[str] = field(default_factory=list)  # calls retried after an error
 
 
 @dataclass(kw_only=True)
@@ -64,6 +73,7 @@ class Result:
     target: str
     create_s: list[float] = field(default_factory=list)
     destroy_s: list[float] = field(default_factory=list)
+    first_exec_s: list[float] = field(default_factory=list)
     exec_s: dict[str, list[float]] = field(default_factory=dict)
     execs_per_s: float = 0.0
     note: str = ""
@@ -82,6 +92,7 @@ def local_targets(root: str) -> list[Target]:
     from tools.swe import close_tools
 
     cfg = LocalSandbox.Config(root_dir=root, cgroup_parent=CGROUP_PARENT)
+    chain_cfg = LocalSandbox.Config(root_dir=root, cgroup_parent=CGROUP_PARENT, exec_agent=False)
 
     async def run(sb: Any, cmd: str) -> str:
         r = await sb.exec(cmd, timeout_s=30)
@@ -110,7 +121,14 @@ def local_targets(root: str) -> list[Target]:
             create=lambda: LocalSandbox.create(cfg),
             exec=run,
             destroy=lambda sb: sb.close(),
-            note="bwrap + cgroup per command",
+            note="exec agent in the sandbox: fork + pid namespace per command",
+        ),
+        Target(
+            name="local-chain",
+            create=lambda: LocalSandbox.create(chain_cfg),
+            exec=run,
+            destroy=lambda sb: sb.close(),
+            note="exec_agent=False: bwrap + cgroup chain per command",
         ),
         Target(
             name="local-bash",
@@ -154,6 +172,7 @@ def docker_target(root: str) -> Target | str:
 
 def swerex_targets() -> list[Target] | str:
     try:
+        from swerex.exceptions import CommandTimeoutError
         from swerex.runtime.abstract import (
             BashAction,
             CloseBashSessionRequest,
@@ -174,8 +193,22 @@ def swerex_targets() -> list[Target] | str:
         await rt.create_session(CreateBashSessionRequest())
         return rt
 
+    failures: list[str] = []
+
     async def bash_run(rt: Any, cmd: str) -> str:
-        return str((await rt.run_in_session(BashAction(command=cmd, timeout=30))).output)
+        """Under load its pexpect session sometimes misses a prompt (a 0.1 s expect): then
+        start a new session and run the command again (counted in the time and the note)."""
+        for attempt in range(3):
+            try:
+                return str((await rt.run_in_session(BashAction(command=cmd, timeout=30))).output)
+            except CommandTimeoutError:
+                failures.append(cmd)
+                if attempt == 2:
+                    raise
+                with contextlib.suppress(Exception):
+                    await rt.close_session(CloseBashSessionRequest())
+                await rt.create_session(CreateBashSessionRequest())
+        raise AssertionError("unreachable")
 
     async def bash_close(rt: Any) -> None:
         await rt.close_session(CloseBashSessionRequest())
@@ -201,6 +234,7 @@ def swerex_targets() -> list[Target] | str:
             exec=bash_run,
             destroy=bash_close,
             note="LocalRuntime.run_in_session: pexpect bash, no isolation",
+            failures=failures,
         ),
     ]
 
@@ -258,7 +292,7 @@ async def measure(t: Target, n: int, sandboxes: int, per_sandbox: int) -> Result
     for _ in range(max(3, n // 4)):  # lifecycle: create, one command, destroy
         dt, sb = await timed(t.create())
         res.create_s.append(dt)
-        await t.exec(sb, "true")
+        res.first_exec_s.append((await timed(t.exec(sb, "true")))[0])
         dt, _ = await timed(t.destroy(sb))
         res.destroy_s.append(dt)
     sb = await t.create()
@@ -277,15 +311,18 @@ async def measure(t: Target, n: int, sandboxes: int, per_sandbox: int) -> Result
         res.execs_per_s = sandboxes * per_sandbox / (time.perf_counter() - t0)
     finally:
         await asyncio.gather(*(t.destroy(s) for s in sbs))
+    if t.failures:
+        res.note += f" ({len(t.failures)} calls failed and were retried)"
     return res
 
 
 def print_tables(results: list[Result], skipped: list[str]) -> None:
     ms = 1e3
-    print(f"\n{'target':<12} {'create p50/p99 ms':>18} {'destroy p50/p99 ms':>19} "
-          f"{'conc. exec/s':>12}  what")  # fmt: skip
+    print(f"\n{'target':<12} {'create p50/p99 ms':>18} {'1st exec p50 ms':>15} "
+          f"{'destroy p50/p99 ms':>19} {'conc. exec/s':>12}  what")  # fmt: skip
     for r in results:
         print(f"{r.target:<12} {pct(r.create_s, 50) * ms:8.1f} /{pct(r.create_s, 99) * ms:7.1f} "
+              f"{pct(r.first_exec_s, 50) * ms:15.1f} "
               f"{pct(r.destroy_s, 50) * ms:9.1f} /{pct(r.destroy_s, 99) * ms:7.1f} "
               f"{r.execs_per_s:12.0f}  {r.note}")  # fmt: skip
     print(f"\n{'exec p50/p99 ms':<16}" + "".join(f"{c:>22}" for c in COMMANDS))
@@ -294,13 +331,20 @@ def print_tables(results: list[Result], skipped: list[str]) -> None:
                  for c in COMMANDS]  # fmt: skip
         print(f"{r.target:<16}" + "".join(f"{x:>22}" for x in cells))
     by = {r.target: r for r in results}
-    for ours in ("local", "local-bash"):
+    print()
+    for ours in ("local", "local-chain", "local-bash"):
         for theirs in ("swerex", "swerex-bash", "subprocess"):
             if ours in by and theirs in by:
                 ratios = [pct(by[theirs].exec_s[c], 50) / pct(by[ours].exec_s[c], 50)
                           for c in COMMANDS]  # fmt: skip
                 print(f"{theirs} p50 / {ours} p50: "
                       + ", ".join(f"{c!r} {x:.2f}x" for c, x in zip(COMMANDS, ratios, strict=True)))  # fmt: skip
+    if "local" in by and "swerex-bash" in by:
+        verdicts = []
+        for c in COMMANDS:
+            x = pct(by["swerex-bash"].exec_s[c], 50) / pct(by["local"].exec_s[c], 50)
+            verdicts.append(f"{c!r} {'met' if x >= 20 else 'missed'} ({x:.1f}x)")
+        print("target (local p50 >= 20x lower than swerex-bash): " + ", ".join(verdicts))
     for s in skipped:
         print(s)
 
@@ -324,12 +368,16 @@ async def main(args: argparse.Namespace) -> None:
         async with contextlib.AsyncExitStack() as stack:
             if "remote" in wanted:
                 targets.insert(
-                    2, remote_target(await stack.enter_async_context(sandbox_server(tmp)))
+                    3, remote_target(await stack.enter_async_context(sandbox_server(tmp)))
                 )
             results = []
             for t in [t for t in targets if t.name in wanted]:
                 print(f"measuring {t.name} ...", flush=True)
-                results.append(await measure(t, args.n, args.sandboxes, args.per_sandbox))
+                try:
+                    results.append(await measure(t, args.n, args.sandboxes, args.per_sandbox))
+                except Exception as e:  # report it; measure the others
+                    skipped.append(f"{t.name}: failed during the run ({type(e).__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else ''})")  # fmt: skip
         print_tables(results, skipped)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -346,6 +394,7 @@ if __name__ == "__main__":
     p.add_argument("--sandboxes", type=int, default=8, help="sandboxes in the concurrent run")
     p.add_argument("--per-sandbox", type=int, default=5, help="execs per sandbox, concurrent run")
     p.add_argument(
-        "--targets", default="local,local-bash,remote,docker,swerex,swerex-bash,subprocess"
+        "--targets",
+        default="local,local-chain,local-bash,remote,docker,swerex,swerex-bash,subprocess",
     )
     asyncio.run(main(p.parse_args()))

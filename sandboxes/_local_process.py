@@ -1,9 +1,11 @@
-"""Long-lived processes of a local sandbox, and killing a command's whole process tree.
+"""Process chains of a local sandbox: building them, long-lived processes, and killing a
+command's whole process tree.
 
 The host sees a command as a chain ``sh -> prlimit -> setpriv -> bwrap`` (one pid, exec'd in
-turn) whose child is bwrap's pid-1 reaper, whose child is the command. ``Command.kill`` kills
-the chain's process group and every process in the command's leaf cgroup; without cgroups it
-kills the descendants psutil can still see and any process carrying the command's marker.
+turn) whose child is bwrap's pid-1 reaper, whose child is the command (or the sandbox's exec
+agent, ``_exec_agent.py``). ``Command.kill`` kills the chain's process group and every process
+in the command's leaf cgroup; without cgroups it kills the descendants psutil can still see and
+any process carrying the command's marker.
 """
 
 from __future__ import annotations
@@ -11,16 +13,85 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from agentrl.sandbox import SandboxProcess
 from sandboxes import _cgroup
-from sandboxes._host import kill_marked
+from sandboxes._host import kill_marked, ro_view, root_dir
+
+if TYPE_CHECKING:
+    from sandboxes.local import LocalSandbox
+
+_JOIN = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
+# best effort (needs CAP_SYS_RESOURCE): the OOM killer then picks a command, not the agent
+_PROTECT = "{ echo -1000 > /proc/self/oom_score_adj; } 2>/dev/null; "
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Chain:
+    """What wraps a command in a local sandbox: cgroup join, rlimits, uid drop, bubblewrap."""
+
+    config: LocalSandbox.Config
+    home: Path  # the sandbox's host dir: ws/ and tmp/
+    uid: int | None
+    bwrap: bool
+
+    def argv(
+        self,
+        argv: list[str],
+        *,
+        workdir: str,
+        inner_env: dict[str, str],
+        leaf: _cgroup.Leaf | None,
+        agent: bool = False,
+    ) -> list[str]:
+        """The full chain. ``agent``: the exec agent's (protected from the OOM killer, no CPU
+        limit, room for many open files; it applies the command limits to each command)."""
+        c = self.config
+        chain: list[str] = []
+        if leaf is not None:
+            script = _JOIN + (_PROTECT if agent else "") + 'exec "$@"'
+            chain += ["/bin/sh", "-c", script, "sh", *leaf.procs_files, "--"]
+        if shutil.which("prlimit"):
+            limits = [f"--fsize={c.file_size_mb << 20}", "--core=0"]
+            limits += [f"--nofile={max(c.nofile, 4096)}"] if agent else [
+                f"--cpu={c.cpu_time_s}", f"--nofile={c.nofile}"]  # fmt: skip
+            chain += ["prlimit", *limits, "--"]
+        if self.uid is not None:
+            chain += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                      "--"]  # fmt: skip
+        if not self.bwrap:
+            return [*chain, "/usr/bin/env", "-C", workdir, *argv]
+        return [*chain, *self._bwrap_args(workdir, inner_env), "--", *argv]
+
+    def rlimits(self) -> list[tuple[str, int]]:
+        """The per-command limits, as the exec agent applies them."""
+        c = self.config
+        return [("RLIMIT_CPU", c.cpu_time_s), ("RLIMIT_FSIZE", c.file_size_mb << 20),
+                ("RLIMIT_NOFILE", c.nofile), ("RLIMIT_CORE", 0)]  # fmt: skip
+
+    def _bwrap_args(self, cwd: str, inner_env: dict[str, str]) -> list[str]:
+        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+                "--hostname", "sandbox"]  # fmt: skip
+        if self.config.allow_network:
+            args.append("--share-net")
+        for k, v in inner_env.items():
+            args += ["--setenv", k, v]
+        args += ro_view(self.config.ro_paths)
+        root = str(root_dir(self.config.root_dir))
+        if any(root == p or root.startswith(p.rstrip("/") + "/") for p in self.config.ro_paths):
+            args += ["--tmpfs", root]  # hide the other sandboxes
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--bind", str(self.home / "ws"), "/workspace",
+                 "--bind", str(self.home / "tmp"), "/tmp"]  # fmt: skip
+        return [*args, "--remount-ro", "/", "--chdir", cwd]
 
 
 class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):

@@ -3,10 +3,16 @@
     sb = await make_sandbox("local", memory_mb=512)    # or LocalSandbox.create(Config(...))
     r = await sb.exec("echo hi > f && cat f", timeout_s=5)   # runs in /workspace
 
-Each command is one process chain, started fresh (so there is no daemon to keep alive)::
+Processes start through one chain (``_local_process.Chain``)::
 
-    sh (joins the command's leaf cgroup) -> prlimit (cpu, fsize, nofile, core)
-       -> setpriv (drop to an unprivileged uid when run as root) -> bwrap -> the command
+    sh (joins a leaf cgroup) -> prlimit (cpu, fsize, nofile, core)
+       -> setpriv (drop to an unprivileged uid when run as root) -> bwrap -> the process
+
+At create, that chain starts the sandbox's exec agent (``_exec_agent.py``): commands are then
+requests to it, and it forks each one inside the sandbox, with the per-command rlimits, as
+pid 1 of its own pid namespace (a few ms instead of ~30 ms per command). Without bubblewrap or
+cgroups, with ``exec_agent=False``, for large stdin and for ``start_process``, each process
+gets a fresh chain of its own.
 
 bwrap gives the command: a read-only view of ``ro_paths`` on an empty root (everything else on
 the host, other sandboxes included, does not exist), the sandbox's own writable workspace at
@@ -40,6 +46,7 @@ from typing import IO, Any, Self
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
 from sandboxes import _cgroup
+from sandboxes._exec_agent import MAX_STDIN, AgentSlot, ExecAgent, agent_argv
 from sandboxes._files import ExecFileOps
 from sandboxes._host import (
     MARKER,
@@ -48,10 +55,9 @@ from sandboxes._host import (
     copy_tree,
     kill_marked,
     report_isolation,
-    ro_view,
     root_dir,
 )
-from sandboxes._local_process import Command, LocalProcess
+from sandboxes._local_process import Chain, Command, LocalProcess
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +96,10 @@ class LocalSandbox(ExecFileOps):
         use_bwrap: bool = True
         use_cgroups: bool = True
         cgroup_parent: str = "agentrl"
+        exec_agent: bool = True
+        """Start commands from a resident agent inside the sandbox (a few ms each) instead of a
+        fresh isolation chain each (~30 ms); needs bubblewrap, cgroups and python3 in
+        ``ro_paths``, else commands use fresh chains."""
 
     def __init__(self, config: Config, name: str, home: Path, cg: _cgroup.SandboxCgroup | None,
                  bwrap: bool, uid: int | None) -> None:  # fmt: skip
@@ -104,6 +114,9 @@ class LocalSandbox(ExecFileOps):
         self._procs: set[LocalProcess] = set()
         self._serial = 0
         self._closed = False
+        self._isolation = Chain(config=config, home=home, uid=uid, bwrap=bwrap)
+        use_agent = config.exec_agent and bwrap and cg is not None
+        self._agent = AgentSlot(name, self._start_agent, cg, enabled=use_agent)
 
     # --- creation -----------------------------------------------------------------------------
     @classmethod
@@ -145,7 +158,13 @@ class LocalSandbox(ExecFileOps):
         except BaseException:
             shutil.rmtree(home, ignore_errors=True)
             raise
-        return cls(config, name, home, cg, bwrap, uid)
+        sb = cls(config, name, home, cg, bwrap, uid)
+        try:
+            await sb._agent.get()  # started now: commands never wait for it
+        except BaseException:
+            await asyncio.shield(sb.close())
+            raise
+        return sb
 
     # --- commands --------------------------------------------------------------------------------
     async def exec(
@@ -173,10 +192,60 @@ class LocalSandbox(ExecFileOps):
         stdout_file: IO[bytes] | None = None,
     ) -> ExecResult:
         self._check_open()
-        loop = asyncio.get_running_loop()
         timeout = self.config.exec_timeout_s if timeout_s is None else timeout_s
-        out = OutputCap(out_cap or self.config.max_output_bytes)
-        err = OutputCap(self.config.max_output_bytes)
+        caps = (out_cap or self.config.max_output_bytes, self.config.max_output_bytes)
+        small = stdin is None or (isinstance(stdin, bytes) and len(stdin) <= MAX_STDIN)
+        agent = await self._agent.get() if small else None
+        if agent is None:
+            return await self._run_chain(argv, timeout, cwd, env, stdin, caps, stdout_file)
+        assert self.cgroup is not None and agent.leaf is not None  # the agent needs both
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        self._serial += 1
+        oom_before = self.cgroup.oom_kills(agent.leaf)
+        reply = await agent.run(
+            argv, cwd=self.resolve(cwd or self.workdir),
+            env=self._inner_env(env, f"{self.name}/{self._serial}"), timeout_s=timeout,
+            caps=caps, rlimits=self._isolation.rlimits(),
+            stdin=stdin if isinstance(stdin, bytes) else None,
+            stdout_file=stdout_file,
+        )  # fmt: skip
+        out, err = reply.stdout, reply.stderr
+        return ExecResult(
+            exit_code=-1 if reply.timed_out else reply.exit_code,
+            stdout=out.text(),
+            stderr=err.text() + (f"sandbox: {reply.error}\n" if reply.error else ""),
+            timed_out=reply.timed_out,
+            duration_s=loop.time() - start,
+            truncated=out.truncated or err.truncated,
+            oom_killed=self.cgroup.oom_kills(agent.leaf) > oom_before,
+        )
+
+    async def _start_agent(self) -> ExecAgent:
+        assert self.cgroup is not None
+        leaf = self.cgroup.new_leaf()
+        chain = self._isolation.argv(agent_argv(), workdir="/workspace", leaf=leaf, agent=True,
+                                     inner_env={"PATH": _PATH, "LANG": "C.UTF-8"})  # fmt: skip
+        try:
+            return await ExecAgent.start(chain, {"PATH": _PATH}, self.cgroup, leaf,
+                                         f"{self.name}/agent")  # fmt: skip
+        except BaseException:
+            await self.cgroup.remove_leaf(leaf)
+            raise
+
+    async def _run_chain(
+        self,
+        argv: list[str],
+        timeout: float,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | IO[bytes] | None,
+        caps: tuple[int, int],
+        stdout_file: IO[bytes] | None,
+    ) -> ExecResult:
+        """Run one command through a fresh chain (no agent, or a streamed stdin)."""
+        loop = asyncio.get_running_loop()
+        out, err = OutputCap(caps[0]), OutputCap(caps[1])
         start = loop.time()
         cmd = await self._spawn(
             argv, cwd, env,
@@ -232,7 +301,8 @@ class LocalSandbox(ExecFileOps):
         self._serial += 1
         token = f"{self.name}/{self._serial}"
         leaf = self.cgroup.new_leaf() if self.cgroup else None
-        chain = self._chain(argv, cwd, env, leaf, token)
+        chain = self._isolation.argv(argv, workdir=self.resolve(cwd or self.workdir), leaf=leaf,
+                                     inner_env=self._inner_env(env, token))  # fmt: skip
         outer_env = {"PATH": _PATH, MARKER: token} if self.bwrap else self._inner_env(env, token)
         try:
             return await Command.start(chain, outer_env, leaf, token, **pipes)
@@ -246,59 +316,6 @@ class LocalSandbox(ExecFileOps):
         base = {"PATH": _PATH, "HOME": self.workdir, "LANG": "C.UTF-8", "TERM": "dumb",
                 "TMPDIR": tmp, MARKER: token}  # fmt: skip
         return {**base, **self.config.env, **(env or {})}
-
-    def _chain(
-        self,
-        argv: list[str],
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        leaf: _cgroup.Leaf | None,
-        token: str,
-    ) -> list[str]:
-        c = self.config
-        chain: list[str] = []
-        if leaf is not None:
-            join = (
-                'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
-            )
-            chain += ["/bin/sh", "-c", join, "sh", *leaf.procs_files, "--"]
-        if shutil.which("prlimit"):
-            chain += ["prlimit", f"--cpu={c.cpu_time_s}", f"--fsize={c.file_size_mb << 20}",
-                      f"--nofile={c.nofile}", "--core=0", "--"]  # fmt: skip
-        if self.uid is not None:
-            chain += [
-                "setpriv",
-                f"--reuid={self.uid}",
-                f"--regid={self.uid}",
-                "--clear-groups",
-                "--",
-            ]
-        workdir = self.resolve(cwd or self.workdir)
-        if not self.bwrap:
-            return [*chain, "/usr/bin/env", "-C", workdir, *argv]
-        return [*chain, *self._bwrap_args(workdir, env, token), "--", *argv]
-
-    def _bwrap_args(self, cwd: str, env: Mapping[str, str] | None, token: str) -> list[str]:
-        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-                "--hostname", "sandbox"]  # fmt: skip
-        if self.config.allow_network:
-            args.append("--share-net")
-        for k, v in self._inner_env(env, token).items():
-            args += ["--setenv", k, v]
-        args += ro_view(self.config.ro_paths)
-        root = str(root_dir(self.config.root_dir))
-        if any(root == p or root.startswith(p.rstrip("/") + "/") for p in self.config.ro_paths):
-            args += ["--tmpfs", root]  # hide the other sandboxes
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        args += [
-            "--bind",
-            str(self.home / "ws"),
-            "/workspace",
-            "--bind",
-            str(self.home / "tmp"),
-            "/tmp",
-        ]
-        return [*args, "--remount-ro", "/", "--chdir", cwd]
 
     # --- processes, snapshot, close --------------------------------------------------------------
     async def start_process(
@@ -330,6 +347,7 @@ class LocalSandbox(ExecFileOps):
         self._closed = True
         for p in list(self._procs):
             await p.kill()
+        await self._agent.close()  # the sandbox cgroup's kill below takes its commands
         if self.cgroup:
             await self.cgroup.destroy()
         else:

@@ -4,8 +4,9 @@
     r = await sb.exec("pytest -x", timeout_s=600)             # same API as any Sandbox
 
 Each method is one HTTP request (``agentrl.toolserver.http.ApiClient``: bearer token, a client
-per event loop, transport failures retried). Mutating requests (exec, write_file, upload)
-carry a fresh request id that a retry reuses, so a command never runs twice. The server's
+per event loop, transport failures retried). Mutating requests (create, exec, write_file,
+upload) carry a fresh request id that a retry reuses, so a command never runs twice and a
+create retried after a lost response gets the sandbox the first try made. The server's
 structured errors come back as the exceptions a local sandbox raises: ``FileNotFoundError``,
 ``IsADirectoryError``, ``PermissionError``, else ``SandboxError``. ``start_process`` gives a
 ``RemoteProcess`` whose reads long-poll the server, so the bash tool works unchanged.
@@ -89,7 +90,7 @@ class RemoteSandbox(Sandbox):
             )
         api = cls._api(config)
         name = name or new_name()
-        body = {"name": name, "options": config.options}
+        body = {"name": name, "options": config.options, "request_id": uuid.uuid4().hex}
         try:
             r = await api.send("POST", "/sandboxes", json=body, timeout_s=config.http_timeout_s * 5)
         except BaseException:  # cancelled or unreachable: the server may make it anyway

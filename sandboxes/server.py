@@ -3,7 +3,7 @@
     python -m sandboxes.server --port 8771 --token "$AGENTRL_SANDBOX_TOKEN"   # on the sandbox host
     sb = await make_sandbox("remote", url="http://host:8771", token=...)     # anywhere else
 
-    POST   /sandboxes                      {name, options} -> {id, name, workdir}
+    POST   /sandboxes                      {name, options, request_id} -> {id, name, workdir}
     POST   /sandboxes/{id}/exec            {cmd, timeout_s, cwd, env, stdin_b64, request_id}
     POST   /sandboxes/{id}/read_file       {path} -> {data_b64}
     POST   /sandboxes/{id}/write_file      {path, data_b64, mode, request_id}
@@ -14,8 +14,11 @@
     DELETE /sandboxes/{id}                 POST /sandboxes/sweep {prefix}    GET /health (no auth)
 
 Each server sandbox is a sandbox of ``backend`` (default "local": bubblewrap + cgroups); the
-client's name is kept, so ``sweep(prefix)`` reaches it, and a create retried with the same name
-returns the sandbox already made. Clients may set only the config keys
+client's name is kept, so ``sweep(prefix)`` reaches it. A create is idempotent by request id: a
+retry (e.g. after a lost response) gets the sandbox the first try made, waiting for it if it is
+still being made, and another request asking for a name in use is refused (409). A create
+without a request id and with the name of an existing sandbox gets that sandbox (older clients).
+Clients may set only the config keys
 in ``allowed_options`` (limits, by default; never paths). Mutating calls carry a request id
 and a retried id is answered from a cache, so a command never runs twice. Failures travel as
 ``{"error": {"type", "message"}}``: file errors keep their Python type (``file_not_found``,
@@ -36,6 +39,7 @@ import tarfile
 import tempfile
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +71,7 @@ _FILE_ERRORS = {FileNotFoundError: (404, "file_not_found"), IsADirectoryError:
 class CreateRequest(BaseModel):
     name: str = ""
     options: dict[str, Any] = Field(default_factory=dict)
+    request_id: str = ""
 
 
 class ExecRequest(BaseModel):
@@ -100,6 +105,7 @@ class Entry:
     procs: dict[str, PipedProcess] = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
     busy: int = 0
+    request_id: str = ""  # of the create that made it
 
 
 class SandboxServer:
@@ -126,6 +132,9 @@ class SandboxServer:
         self.entries: dict[str, Entry] = {}
         self.creating: set[str] = set()  # names being created
         self.doomed: set[str] = set()  # names swept while being created: closed when made
+        self.creates: OrderedDict[str, asyncio.Task[tuple[str, Sandbox]]] = OrderedDict()
+        """Creates by request id; a retry awaits the first try's task (never cancelled with
+        its request, so a client that hung up still finds its sandbox on retry)."""
         self._reaper: asyncio.Task[None] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -138,6 +147,7 @@ class SandboxServer:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
             self._reaper = None
+        await asyncio.gather(*self.creates.values(), return_exceptions=True)  # then close them
         await asyncio.gather(*(self.remove(sid) for sid in list(self.entries)))
 
     async def _reap_loop(self) -> None:
@@ -152,6 +162,28 @@ class SandboxServer:
 
     # --- sandboxes -------------------------------------------------------------------------
     async def create(self, req: CreateRequest) -> tuple[str, Sandbox]:
+        if not req.request_id:
+            return await self._create(req)
+        task = self.creates.get(req.request_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._create(req))
+            self.creates[req.request_id] = task
+            task.add_done_callback(lambda t: self._forget_create(req.request_id, t))
+        return await asyncio.shield(task)
+
+    def _forget_create(self, request_id: str, task: asyncio.Task[tuple[str, Sandbox]]) -> None:
+        """Failed creates are forgotten (a retry tries again); old answers past 4x
+        ``max_sandboxes`` too."""
+        failed = task.cancelled() or task.exception() is not None
+        if failed and self.creates.get(request_id) is task:
+            del self.creates[request_id]
+        while len(self.creates) > 4 * self.config.max_sandboxes:
+            oldest = next(iter(self.creates))
+            if not self.creates[oldest].done():
+                break
+            del self.creates[oldest]
+
+    async def _create(self, req: CreateRequest) -> tuple[str, Sandbox]:
         if len(self.entries) >= self.config.max_sandboxes:
             raise ApiError(503, "too_many_sandboxes", f"{len(self.entries)} sandboxes are open "
                            "(max_sandboxes); close some first")  # fmt: skip
@@ -162,11 +194,16 @@ class SandboxServer:
         if req.name and not _NAME.fullmatch(req.name):
             raise ApiError(400, "bad_name", f"sandbox name {req.name!r} is not "
                            "[A-Za-z0-9_.-]{1,128}")  # fmt: skip
-        for sid, e in self.entries.items():  # a retried create: the one already made
-            if e.sandbox.name == req.name:
-                return sid, e.sandbox
+        for sid, e in self.entries.items():
+            if e.sandbox.name != req.name:
+                continue
+            if req.request_id:  # another client's, or an earlier run's: never hand it out
+                raise ApiError(409, "name_taken", f"a sandbox named {req.name} exists already "
+                               "(made by another request); pick another name")  # fmt: skip
+            return sid, e.sandbox  # no request id: a retried create from an older client
         if req.name in self.creating:
-            raise ApiError(409, "busy", f"sandbox {req.name} is being created; retry shortly")
+            raise ApiError(409, "busy", f"sandbox {req.name} is being created by another "
+                           "request; pick another name or retry shortly")  # fmt: skip
         name = req.name or new_name()
         self.creating.add(name)
         try:
@@ -183,7 +220,8 @@ class SandboxServer:
             await sb.close()
             raise ApiError(410, "swept", f"sandbox {name} was swept while it was being created")
         sid = uuid.uuid4().hex
-        self.entries[sid] = Entry(sandbox=sb, cache=ReplayCache(self.config.replay_cache))
+        self.entries[sid] = Entry(sandbox=sb, cache=ReplayCache(self.config.replay_cache),
+                                  request_id=req.request_id)  # fmt: skip
         return sid, sb
 
     async def remove(self, sid: str) -> bool:
