@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -100,6 +101,10 @@ class InferenceClient:
                 dialects[name] = make_dialect(name)
             self._servers.append(_Server(url, dialects[name]))
         self._sessions: dict[str, _Server] = {}
+        self._all = list(self._servers)  # routable or drained, in the order given
+        self._drained: set[str] = set()
+        self.admissions = 0
+        """How many times a drained server was put back (``admit``)."""
         limits = httpx.Limits(max_connections=self.cfg.max_connections,
                               max_keepalive_connections=self.cfg.max_connections)  # fmt: skip
         timeout = httpx.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s)
@@ -113,6 +118,43 @@ class InferenceClient:
     def backends(self) -> dict[str, str]:
         """Each server url and the name of the dialect it is spoken to in (sglang or vllm)."""
         return {s.url: s.dialect.name for s in self._servers}
+
+    @property
+    def all_backends(self) -> dict[str, str]:
+        """Like ``backends``, including drained servers."""
+        return {s.url: s.dialect.name for s in self._all}
+
+    @property
+    def drained(self) -> frozenset[str]:
+        """Servers taken out of routing by ``drain``."""
+        return frozenset(self._drained)
+
+    def drain(self, url: str) -> None:
+        """Take ``url`` out of routing: no new or sticky requests, no control calls (idempotent).
+
+        Its sessions are unpinned, so they move to other servers."""
+        server = self._server_named(url)
+        server.down_until = math.inf
+        if server in self._servers:
+            self._servers.remove(server)
+            self._sessions = {k: s for k, s in self._sessions.items() if s is not server}
+        self._drained.add(url)
+
+    def admit(self, url: str) -> None:
+        """Put a drained server back into routing, in its original place."""
+        server = self._server_named(url)
+        server.down_until = 0.0
+        self._drained.discard(url)
+        self._servers[:] = [s for s in self._all if s.url not in self._drained]
+        self.admissions += 1
+
+    def _server_named(self, url: str) -> _Server:
+        for s in self._all:
+            if s.url == url:
+                return s
+        raise ConfigError(
+            f"{url} is not one of this client's servers: {[s.url for s in self._all]}"
+        )
 
     @property
     def http(self) -> httpx.AsyncClient:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,54 +38,27 @@ logger = logging.getLogger(__name__)
 
 
 class SupervisedClient(InferenceClient):
-    """An ``InferenceClient`` whose servers can be taken out of routing and put back.
+    """An ``InferenceClient`` whose requests outlive a moment with no working server.
 
-    A drained server gets no ``generate`` request (new or sticky), no control call and no
-    weight sync until ``admit``; ``all_backends`` still lists it. ``waiter`` (set by a
-    ``ServerSupervisor``) is awaited when every routable server failed: True means a server
-    came back and the request is tried again."""
+    The supervisor ``drain``s a dead server and ``admit``s it back (both ``InferenceClient``
+    methods). When every routable server failed, ``generate`` awaits ``waiter`` (set by a
+    ``ServerSupervisor``): True means a server came back and the request is tried again."""
 
     def __init__(
         self, urls: Sequence[str] | str, cfg: InferenceClient.Config | None = None
     ) -> None:
         super().__init__(urls, cfg)
-        self._all = list(self._servers)
-        self._all_backends = dict(self.backends)
-        self.drained: set[str] = set()
-        self.admissions = 0
         self.waiter: Callable[[], Awaitable[bool]] | None = None
 
     async def __aenter__(self) -> SupervisedClient:
         return self
-
-    @property
-    def all_backends(self) -> dict[str, str]:
-        """Every server (routable or drained) and its dialect name."""
-        return dict(self._all_backends)
-
-    def drain(self, url: str) -> None:
-        """Take ``url`` out of routing (idempotent)."""
-        server = next(s for s in self._all if s.url == url)
-        server.down_until = math.inf
-        if server in self._servers:
-            self._servers.remove(server)
-            self._sessions = {k: s for k, s in self._sessions.items() if s is not server}
-        self.drained.add(url)
-
-    def admit(self, url: str) -> None:
-        """Put a drained server back into routing, in its original place."""
-        server = next(s for s in self._all if s.url == url)
-        server.down_until = 0.0
-        self.drained.discard(url)
-        self._servers[:] = [s for s in self._all if s.url not in self.drained]
-        self.admissions += 1
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Completion:
         while True:
             seen = self.admissions
-            if self._servers:
+            if self.urls:
                 try:
                     return await super().generate(input_ids, sampling, session_id=session_id)
                 except ServerUnavailableError:

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.chat import ChatTemplate
-from agentrl.errors import ServerUnavailableError
+from agentrl.errors import ConfigError, ServerUnavailableError
 from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import Completion, SamplingParams
 from agentrl.inference.supervisor import ServerSupervisor, SupervisedClient
@@ -138,6 +138,8 @@ async def test_drained_server_gets_no_request_until_admitted(server: ServerProce
         outs = await asyncio.gather(*(client.generate([5, 6], sp, session_id=f"t{i}")
                                       for i in range(8)))  # fmt: skip
         assert {o.server for o in outs} == {server.url, alias}
+        with pytest.raises(ConfigError, match="not one of this client's servers"):
+            client.drain("http://127.0.0.1:1")
 
 
 @pytest.mark.timeout(300)
