@@ -166,36 +166,45 @@ def safetensors_buckets(
 
 
 # torch dtype <-> safetensors dtype name (the format's spec: huggingface/safetensors README).
-SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
               torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
               torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
               torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}  # fmt: skip
-_TORCH_DTYPES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+_TORCH_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
 
 
-def safetensors_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
-    """The safetensors file of ``tensors`` (contiguous, CPU) as ``bytes``, copying each tensor's
-    bytes once (``safetensors.torch.save`` copies twice). Wider dtypes first, so every tensor
-    starts aligned to its element size."""
-    if any(t.dtype not in SAFETENSORS_DTYPES for t in tensors.values()):
-        from safetensors.torch import save
-
-        return save(dict(tensors))
+def safetensors_parts(tensors: Mapping[str, torch.Tensor]) -> list[bytes | memoryview] | None:
+    """The pieces of the safetensors file of ``tensors`` (contiguous, CPU): the length-prefixed
+    header, then each tensor's own memory (no copy). Wider dtypes first, so every tensor starts
+    aligned to its element size. None if a dtype has no safetensors name here."""
+    if any(t.dtype not in _ST_DTYPES for t in tensors.values()):
+        return None
     order = sorted(tensors, key=lambda n: -tensors[n].element_size())
     header: dict[str, object] = {}
-    parts: list[memoryview] = []
+    parts: list[bytes | memoryview] = []
     offset = 0
     for name in order:
         t = tensors[name]
         nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + nbytes]}  # fmt: skip
         if nbytes:
             parts.append(t.reshape(-1).view(torch.uint8).numpy().data)
         offset += nbytes
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    return b"".join([len(head).to_bytes(8, "little"), head, *parts])
+    return [len(head).to_bytes(8, "little") + head, *parts]
+
+
+def safetensors_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    """The safetensors file of ``tensors`` (contiguous, CPU) as ``bytes``, copying each tensor's
+    bytes once (``safetensors.torch.save`` copies twice)."""
+    parts = safetensors_parts(tensors)
+    if parts is None:
+        from safetensors.torch import save
+
+        return save(dict(tensors))
+    return b"".join(parts)
 
 
 def load_safetensors_bytes(data: bytes) -> dict[str, torch.Tensor]:

@@ -10,13 +10,12 @@ pages it already has are reused, which is about twice as fast as allocating new 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
-from agentrl.inference.weights import SAFETENSORS_DTYPES
+from agentrl.inference.weights import safetensors_parts
 
 
 def write_bucket(path: Path, bucket: list[tuple[str, torch.Tensor]]) -> list[str]:
@@ -24,32 +23,21 @@ def write_bucket(path: Path, bucket: list[tuple[str, torch.Tensor]]) -> list[str
 
     Each tensor's bytes go from its own memory to the file (one copy); wider dtypes come
     first so every tensor starts aligned to its element size."""
-    tensors = [(n, t.detach().to("cpu").contiguous()) for n, t in bucket]
-    if any(t.dtype not in SAFETENSORS_DTYPES for _, t in tensors):
+    tensors = {n: t.detach().to("cpu").contiguous() for n, t in bucket}
+    parts = safetensors_parts(tensors)
+    if parts is None:
         from safetensors.torch import save_file
 
-        save_file(dict(tensors), str(path))
-        return [n for n, _ in tensors]
-    tensors.sort(key=lambda nt: -nt[1].element_size())
-    header: dict[str, object] = {}
-    offset = 0
-    for name, t in tensors:
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + nbytes]}  # fmt: skip
-        offset += nbytes
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
+        save_file(tensors, str(path))
+        return list(tensors)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
-        _write_all(fd, memoryview(len(head).to_bytes(8, "little") + head))
-        for _, t in tensors:
-            if t.numel():
-                _write_all(fd, t.reshape(-1).view(torch.uint8).numpy().data)
-        os.ftruncate(fd, 8 + len(head) + offset)
+        for part in parts:
+            _write_all(fd, memoryview(part))
+        os.ftruncate(fd, sum(len(p) for p in parts))  # uint8 views: len is bytes
     finally:
         os.close(fd)
-    return [n for n, _ in tensors]
+    return list(tensors)
 
 
 def _write_all(fd: int, data: memoryview) -> None:
