@@ -1,19 +1,42 @@
 """Start a local Ray instance on loopback, and describe what a Ray cluster has to offer.
 
 ``init_ray_local`` is the one way the driver and the tests start Ray on one machine: no
-dashboard, quiet logs, idempotent (a second call reuses the running instance).
+dashboard, quiet logs, idempotent (a second call reuses the running instance), and every
+Ray server (GCS, raylet and object manager, core workers, dashboard and runtime-env agents,
+metrics exporters, autoscaler monitor) listening on 127.0.0.1 only.
+
+Why ``_node_ip_address="127.0.0.1"`` alone is not enough: on Linux, ``ray.init`` replaces a
+loopback node address with the machine's routable address (``services.resolve_ip_for_localhost``),
+and Ray's servers bind the node address, or all interfaces. Ray's single-machine mode, the
+default on macOS and Windows, keeps loopback instead; the documented switch
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` turns it on for Linux too. Ray reads that variable
+once, when ``ray`` is imported, so while ``ray.init`` runs we set it both in the environment
+(for every Ray process started from here) and in the driver's already-imported copy, and put
+both back afterwards: a later ``ray.init(address=...)`` to a real cluster is unaffected.
+
+    init_ray_local(num_cpus=2)
+      -> env RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, ray_constants.ENABLE_RAY_CLUSTER=False
+      -> ray.init(_node_ip_address="127.0.0.1", ...)   node address stays 127.0.0.1
+      -> gcs_server / raylet / workers / agents bind 127.0.0.1
+      -> environment and flag restored
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import ray
 
 logger = logging.getLogger(__name__)
 
 _SHOWN = ("CPU", "GPU", "memory", "object_store_memory")
+
+LOOPBACK = "127.0.0.1"
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch between cluster mode (routable node address) and single-machine mode (loopback)."""
 
 
 def init_ray_local(
@@ -31,17 +54,48 @@ def init_ray_local(
         return
     # Quiet the autoscaler's "no node can fit ..." events: ResourcePool raises its own error.
     os.environ.setdefault("RAY_SCHEDULER_EVENTS", "0")
-    ray.init(
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        object_store_memory=object_store_memory,
-        logging_level=logging.WARNING,
-        configure_logging=True,
-        log_to_driver=True,
-    )
+    with single_machine_mode():
+        ray.init(
+            _node_ip_address=LOOPBACK,
+            include_dashboard=False,
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            object_store_memory=object_store_memory,
+            logging_level=logging.WARNING,
+            configure_logging=True,
+            log_to_driver=True,
+        )
+    node_ip = ray.util.get_node_ip_address()
+    if node_ip != LOOPBACK:
+        logger.warning(
+            "ray node address is %s, expected %s: Ray servers may listen beyond loopback",
+            node_ip,
+            LOOPBACK,
+        )
     logger.info("started local ray: %s", format_resources(ray.cluster_resources()))
+
+
+@contextmanager
+def single_machine_mode() -> Iterator[None]:
+    """Within the block, a Ray started here keeps 127.0.0.1 as its node address.
+
+    Sets ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` for the processes Ray spawns and the
+    driver's copy of the flag (computed when ``ray`` was imported); restores both on exit.
+    """
+    from ray._private import ray_constants
+
+    saved_env = os.environ.get(SINGLE_MACHINE_ENV)
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[SINGLE_MACHINE_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(SINGLE_MACHINE_ENV, None)
+        else:
+            os.environ[SINGLE_MACHINE_ENV] = saved_env
 
 
 def format_resources(resources: dict[str, float]) -> str:
