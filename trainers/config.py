@@ -151,7 +151,7 @@ class InferenceConfig:
     """The inference servers of a run, started on loopback next to the trainer (policy dtype).
 
     backend   servers                     weight_sync (auto ->)   other weight_sync choices
-    embedded  python -m agentrl...server  tensors (HTTP buckets)  disk
+    embedded  python -m agentrl...server  ipc (shared memory)     tensors (HTTP buckets), disk
     vllm      vLLM (``python`` has vllm)  vllm (transfer engine)  disk
     sglang    sglang.launch_server        disk                    -
     """
@@ -177,7 +177,7 @@ class InferenceConfig:
     """Engine flags passed verbatim to every vLLM / SGLang server, e.g.
     ['--enforce-eager', '--kv-cache-memory-bytes', '268435456']."""
     weight_sync: str = "auto"
-    """tensors | disk | vllm | auto (the backend's own, see the table above)."""
+    """tensors | disk | ipc | vllm | auto (the backend's own, see the table above)."""
     weights_dir: str = ""
     """Where disk / file weight syncs write (empty: a temp dir, tmpfs when there is one)."""
     bucket_bytes: int = 256 << 20
@@ -187,7 +187,7 @@ class InferenceConfig:
         """The weight-sync path ``weight_sync`` resolves to for this backend."""
         if self.weight_sync != "auto":
             return self.weight_sync
-        return {"embedded": "tensors", "vllm": "vllm"}.get(self.backend, "disk")
+        return {"embedded": "ipc", "vllm": "vllm"}.get(self.backend, "disk")
 
     def validate(self) -> None:
         paths = _SYNC_PATHS.get(self.backend)
@@ -202,7 +202,11 @@ class InferenceConfig:
             )
 
 
-_SYNC_PATHS = {"embedded": ("tensors", "disk"), "vllm": ("vllm", "disk"), "sglang": ("disk",)}
+_SYNC_PATHS = {
+    "embedded": ("tensors", "disk", "ipc"),
+    "vllm": ("vllm", "disk"),
+    "sglang": ("disk",),
+}
 
 
 @dataclass(kw_only=True)

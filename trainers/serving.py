@@ -5,7 +5,8 @@
         vllm:     VLLMServer (inference.python has vllm)   sglang: SGLangServer
     Fleet.collect(samples) -> SeededCollector -> RolloutCollector.stream -> groups (sample order)
     Fleet.sync(named tensors, version), by inference.weight_sync, to the routable servers:
-        tensors: HTTPTensorWeightSync (/update_weights_from_tensor) | disk | vllm (weight_sync/)
+        tensors: HTTPTensorWeightSync (/update_weights_from_tensor) | disk | ipc (memfd)
+        | vllm (weight_sync/)
         -> push -> verify (checksums where served); the tensors and version are kept
     ServerSupervisor (agentrl/inference/supervisor.py), on the Fleet's event loop:
         dead server -> out of routing -> restarted on its port -> _rejoin: the kept tensors are
@@ -45,6 +46,7 @@ from agentrl.inference.supervisor import ServerSupervisor, SupervisedClient
 from agentrl.inference.weight_sync import (
     DiskWeightSync,
     HTTPTensorWeightSync,
+    IPCWeightSync,
     SGLangWeightSync,
     VLLMWeightSync,
     WeightSync,
@@ -218,6 +220,8 @@ class Fleet:
         kw = dataclasses.asdict(base)
         if path == "tensors":
             return HTTPTensorWeightSync(client, base)
+        if path == "ipc":
+            return IPCWeightSync(client, base)
         if path == "vllm":
             return VLLMWeightSync(client, VLLMWeightSync.Config(**kw))
         if c.backend == "sglang":

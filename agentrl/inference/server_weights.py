@@ -2,6 +2,7 @@
 
     POST /update_weights_from_disk  {"model_path", "weight_version"?, "abort_all_requests"?}
     POST /update_weights_from_tensor?flush=1&weight_version=N   body: safetensors bytes
+    POST /update_weights_from_ipc  {"path", "buckets": [[offset, length], ...], "weight_version"?}
     GET  /weights_checksum[?per_tensor=0]   GET /get_weight_version
     POST /pause_generation {"mode"}   POST /continue_generation   POST /abort_request {"rid", "abort_all"}
     GET  /health   GET /health_generate   GET /get_model_info   GET /get_server_info   /flush_cache
@@ -14,8 +15,14 @@ Tensor updates over HTTP (the exact protocol):
    ``weight_version=N``: between two decode steps the server copies every staged tensor into
    the model, sets the version to N (or bumps it by one) and clears the stage. A model is
    therefore never served half-updated. ``abort_all_requests=1`` aborts in-flight requests first.
+   (``HTTPTensorWeightSync`` streams each bucket from the tensors' memory; ``read_body``
+   receives it into one buffer of its Content-Length.)
 4. ``GET /weights_checksum`` returns the SHA-256 per tensor and overall
    (``weights.checksum_named_tensors``); the trainer compares it with its own.
+Shared memory on one machine: ``POST /update_weights_from_ipc`` names a file (a trainer's memfd
+as ``/proc/PID/fd/N``) and the (offset, length) of each safetensors blob in it; the server maps
+it read-only, checks names, shapes and completeness, copies everything into the model in one
+step with the version, and drops the mapping (``weight_sync/ipc.py``).
 Weights go into the model between steps; running requests continue on the new weights and
 their later tokens are tagged with the new version (``output_token_weight_versions``).
 """
@@ -37,6 +44,7 @@ from agentrl.inference.weights import (
     checksum_named_tensors,
     load_named_tensors,
     load_safetensors_bytes,
+    map_shared_buckets,
     require_complete,
     validate_named_tensors,
 )
@@ -54,6 +62,18 @@ class UpdateFromDiskRequest(BaseModel):
     abort_all_requests: bool = False
     load_format: str | None = None
     flush_cache: bool = True
+
+
+class UpdateFromIPCRequest(BaseModel):
+    """Buckets a trainer on this machine wrote into shared memory (``IPCWeightSync``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    """The shared file, e.g. ``/proc/PID/fd/N`` (the trainer's memfd)."""
+    buckets: list[tuple[int, int]]
+    """(offset, length) of each safetensors blob in it."""
+    weight_version: int | str | None = None
+    abort_all_requests: bool = False
 
 
 class PauseRequest(BaseModel):
@@ -80,6 +100,29 @@ def _flag(request: Request, name: str, default: bool) -> bool:
     if raw is None:
         return default
     return raw.lower() in ("1", "true", "yes")
+
+
+async def read_body(request: Request) -> bytes | bytearray:
+    """The request body in one buffer. With a Content-Length, each received chunk is copied
+    once into a buffer of that size (``request.body()`` keeps every chunk, then joins them)."""
+    size = request.headers.get("content-length", "")
+    if not size.isdigit():
+        return await request.body()
+    buf = bytearray(int(size))
+    view, pos = memoryview(buf), 0
+    async for chunk in request.stream():
+        end = pos + len(chunk)
+        if end > len(buf):
+            raise ConfigError(f"request body is longer than its Content-Length ({size}).")
+        view[pos:end] = chunk
+        pos = end
+    if pos != len(buf):
+        raise ConfigError(f"request body ended after {pos} of its {size} bytes.")
+    return buf
+
+
+def _checksum_threads() -> int:
+    return max(1, min(4, torch.get_num_threads()))
 
 
 def add_control_routes(app: FastAPI, state: ServerState) -> None:
@@ -128,7 +171,7 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
                 "with Content-Type application/octet-stream.", 415)  # fmt: skip
         try:
             version = _version(request.query_params.get("weight_version"))
-            named = await asyncio.to_thread(load_safetensors_bytes, await request.body())
+            named = await asyncio.to_thread(load_safetensors_bytes, await read_body(request))
             validate_named_tensors(shapes, named)
             async with lock:
                 staged.update(named)
@@ -145,10 +188,31 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
         return json_response({"success": True, "message": f"applied {len(batch)} tensors",
                               "weight_version": new})  # fmt: skip
 
+    @app.post("/update_weights_from_ipc")
+    async def update_from_ipc(request: Request) -> Response:
+        try:
+            req = parse_body(UpdateFromIPCRequest, await request.body())
+            version = _version(req.weight_version)
+            named = await asyncio.to_thread(map_shared_buckets, req.path, req.buckets)
+            validate_named_tensors(shapes, named)
+            require_complete(shapes, named, "send the whole state_dict in one IPC update")
+            async with lock:
+                new = await apply(named, version, req.abort_all_requests)
+        except ConfigError as exc:
+            return json_response(
+                {"success": False, "message": str(exc), "error": {"message": str(exc)}}, 400
+            )
+        n = len(named)
+        del named  # drops the mapping of the trainer's memory
+        return json_response({"success": True, "message": f"applied {n} tensors from {req.path}",
+                              "weight_version": new})  # fmt: skip
+
     @app.get("/weights_checksum")
     async def weights_checksum(request: Request) -> Response:
         def run() -> tuple[int, dict[str, object]]:
-            summary = checksum_named_tensors(engine.model.state_dict().items())
+            summary = checksum_named_tensors(
+                engine.model.state_dict().items(), threads=_checksum_threads()
+            )
             return engine.weight_version, summary.to_dict()
 
         version, body = await in_engine(run)

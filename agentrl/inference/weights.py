@@ -1,7 +1,8 @@
 """Weights in and out of a serving model: load, validate, apply, bucket and checksum.
 
-    trainer state_dict --safetensors_buckets()--> bytes --HTTP--> load_safetensors_bytes()
-        --> apply_named_tensors(model)            (server, between decode steps)
+    trainer state_dict --safetensors_bucket_parts()--> header + tensor memory --HTTP-->
+        one buffer --load_safetensors_bytes()--> views --> apply_named_tensors(model)
+    trainer buckets in a memfd --map_shared_buckets(path, spans)--> views --> apply (IPC)
     HF dir --load_named_tensors()--> apply_named_tensors(model)
     checksum_named_tensors(model.state_dict()) == checksum_named_tensors(trainer tensors, dtype=...)
 
@@ -16,8 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import mmap
+import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,15 +56,21 @@ def tensor_checksum(tensor: torch.Tensor) -> str:
 
 
 def checksum_named_tensors(
-    named: Iterable[tuple[str, torch.Tensor]], *, dtype: torch.dtype | None = None
+    named: Iterable[tuple[str, torch.Tensor]],
+    *,
+    dtype: torch.dtype | None = None,
+    threads: int = 1,
 ) -> WeightsChecksum:
-    """Checksum every tensor (cast to ``dtype`` first when given, e.g. the server's dtype)."""
-    per: dict[str, str] = {}
-    seen_dtype = ""
-    for name, tensor in named:
-        t = tensor if dtype is None else tensor.to(dtype)
-        seen_dtype = str(t.dtype).removeprefix("torch.")
-        per[name] = tensor_checksum(t)
+    """Checksum every tensor (cast to ``dtype`` first when given, e.g. the server's dtype), in
+    ``threads`` threads (hashlib releases the GIL): the same digests for any thread count."""
+    cast = [(n, t if dtype is None else t.to(dtype)) for n, t in named]
+    if threads > 1 and len(cast) > 1:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            digests = list(pool.map(tensor_checksum, [t for _, t in cast]))
+    else:
+        digests = [tensor_checksum(t) for _, t in cast]
+    per = {n: d for (n, _), d in zip(cast, digests, strict=True)}
+    seen_dtype = str(cast[-1][1].dtype).removeprefix("torch.") if cast else ""
     overall = hashlib.sha256("\n".join(f"{k}:{per[k]}" for k in sorted(per)).encode()).hexdigest()
     return WeightsChecksum(overall=overall, tensors=per, dtype=seen_dtype)
 
@@ -117,7 +128,9 @@ def validate_named_tensors(
 
 
 def require_complete(
-    targets: Mapping[str, torch.Tensor], named: Mapping[str, torch.Tensor]
+    targets: Mapping[str, torch.Tensor],
+    named: Mapping[str, torch.Tensor],
+    fix: str = "point update_weights_from_disk at a complete save_pretrained directory",
 ) -> None:
     """A full load must cover every tensor, except aliases of one it does cover (tied weights)."""
     given_ptrs = {targets[n].data_ptr() for n in named if n in targets}
@@ -125,7 +138,7 @@ def require_complete(
     if missing:
         raise ConfigError(
             f"the checkpoint lacks {len(missing)} tensor(s) of the served model, e.g. {missing[:3]}; "
-            "point update_weights_from_disk at a complete save_pretrained directory."
+            f"{fix}."
         )
 
 
@@ -146,6 +159,15 @@ def safetensors_buckets(
     """Serialize tensors as safetensors blobs of about ``bucket_bytes`` each (at least one tensor).
     A tensor sharing storage with one already sent (tied embeddings) is skipped: the server's
     copy is tied too, so updating one updates both."""
+    for parts in safetensors_bucket_parts(named, bucket_bytes):
+        yield b"".join(parts)
+
+
+def safetensors_bucket_parts(
+    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 256 << 20
+) -> Iterator[list[bytes | memoryview]]:
+    """``safetensors_buckets`` without the copy: each bucket as its header followed by the
+    tensors' own memory (``safetensors_parts``), to be written or sent piece by piece."""
     bucket: dict[str, torch.Tensor] = {}
     size = 0
     seen: set[tuple[int, tuple[int, ...], torch.dtype]] = set()
@@ -157,12 +179,21 @@ def safetensors_buckets(
         t = tensor.detach().to("cpu").contiguous()
         nbytes = t.numel() * t.element_size()
         if bucket and size + nbytes > bucket_bytes:
-            yield safetensors_bytes(bucket)
+            yield _parts(bucket)
             bucket, size = {}, 0
         bucket[name] = t
         size += nbytes
     if bucket:
-        yield safetensors_bytes(bucket)
+        yield _parts(bucket)
+
+
+def _parts(tensors: Mapping[str, torch.Tensor]) -> list[bytes | memoryview]:
+    parts = safetensors_parts(tensors)
+    if parts is None:
+        from safetensors.torch import save
+
+        return [save(dict(tensors))]
+    return parts
 
 
 # torch dtype <-> safetensors dtype name (the format's spec: huggingface/safetensors README).
@@ -199,51 +230,102 @@ def safetensors_parts(tensors: Mapping[str, torch.Tensor]) -> list[bytes | memor
 def safetensors_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
     """The safetensors file of ``tensors`` (contiguous, CPU) as ``bytes``, copying each tensor's
     bytes once (``safetensors.torch.save`` copies twice)."""
-    parts = safetensors_parts(tensors)
-    if parts is None:
-        from safetensors.torch import save
-
-        return save(dict(tensors))
-    return b"".join(parts)
+    return b"".join(_parts(tensors))
 
 
-def load_safetensors_bytes(data: bytes) -> dict[str, torch.Tensor]:
-    """Parse one bucket into read-only tensors that share ``data``'s memory (no copy; the
-    server only copies them into its model). ConfigError if it is not a safetensors blob."""
-    if not data:
+def load_safetensors_bytes(data: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
+    """Parse one bucket into tensors that share ``data``'s memory (no copy; the server only
+    copies them into its model). ``data`` may be bytes, a bytearray or a memoryview of a
+    mapped file. ConfigError naming the problem if it is not a safetensors blob."""
+    view = memoryview(data).cast("B")
+    if not view.nbytes:
         return {}
+    if view.nbytes < 8:
+        raise _not_safetensors(f"{view.nbytes} bytes, shorter than the 8-byte header length")
+    n = int.from_bytes(view[:8], "little")
+    if n > view.nbytes - 8:
+        raise _not_safetensors(f"header length {n} exceeds the {view.nbytes - 8} bytes after it")
     try:
-        n = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + n])
-        base = 8 + n
-        out: dict[str, torch.Tensor] = {}
-        with warnings.catch_warnings():  # bytes are read-only; these tensors are never written
-            warnings.simplefilter("ignore", UserWarning)
-            for name, info in header.items():
-                if name != "__metadata__":
-                    out[name] = _view(data, base, info)
-        return out
-    except Exception:
-        pass  # not our layout (or not safetensors): let the library decide
-    from safetensors.torch import load
+        header = json.loads(bytes(view[8 : 8 + n]))
+    except ValueError as exc:
+        raise _not_safetensors(f"header is not JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise _not_safetensors(f"header is a {type(header).__name__}, expected an object")
+    out: dict[str, torch.Tensor] = {}
+    with warnings.catch_warnings():  # read-only buffers; these tensors are never written
+        warnings.simplefilter("ignore", UserWarning)
+        for name, info in header.items():
+            if name != "__metadata__":
+                out[name] = _view(view, 8 + n, name, info)
+    return out
 
+
+def _not_safetensors(why: str) -> ConfigError:
+    return ConfigError(
+        f"weights buffer is not a safetensors blob: {why}; "
+        "send bytes from agentrl.inference.weights.safetensors_buckets()."
+    )
+
+
+def _view(data: memoryview, base: int, name: str, info: Any) -> torch.Tensor:
+    """Tensor ``name`` of a safetensors buffer: a view when aligned, else a copy."""
     try:
-        return load(data)
-    except Exception as exc:
-        raise ConfigError(
-            f"request body is not a safetensors blob ({type(exc).__name__}: {exc}); "
-            "send bytes from agentrl.inference.weights.safetensors_buckets()."
+        dtype = _TORCH_DTYPES[info["dtype"]]
+        start, end = (int(x) for x in info["data_offsets"])
+        shape = [int(x) for x in info["shape"]]
+    except KeyError as exc:
+        raise _not_safetensors(
+            f"tensor {name!r} has {info.get('dtype') if isinstance(info, dict) else info!r}; "
+            f"expected dtype one of {sorted(_TORCH_DTYPES)} with shape and data_offsets"
         ) from exc
-
-
-def _view(data: bytes, base: int, info: dict[str, Any]) -> torch.Tensor:
-    dtype = _TORCH_DTYPES[info["dtype"]]
-    start, end = info["data_offsets"]
-    shape = info["shape"]
-    if end == start:
-        return torch.empty(shape, dtype=dtype)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise _not_safetensors(f"tensor {name!r} has a malformed entry {info!r}") from exc
     size = torch.empty(0, dtype=dtype).element_size()
-    if (base + start) % size or (end - start) % size or end + base > len(data):
-        raise ValueError("misaligned or truncated tensor")
-    count = (end - start) // size
+    count = math.prod(shape)
+    if not 0 <= start <= end <= len(data) - base or end - start != count * size:
+        raise _not_safetensors(
+            f"tensor {name!r} ({info['dtype']} {shape}) spans bytes [{start}, {end}) of a "
+            f"{len(data) - base}-byte data section; expected {count * size} bytes inside it"
+        )
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    if (base + start) % size:  # a writer that does not align: copy this one tensor
+        return torch.frombuffer(bytearray(data[base + start : base + end]), dtype=dtype).reshape(
+            shape
+        )
     return torch.frombuffer(data, dtype=dtype, count=count, offset=base + start).reshape(shape)
+
+
+def map_shared_buckets(path: str, spans: Sequence[tuple[int, int]]) -> dict[str, torch.Tensor]:
+    """The tensors of safetensors buckets at byte ``spans`` (offset, length) of a shared-memory
+    file (a trainer's memfd as ``/proc/PID/fd/N``, or a file in /dev/shm), as views of one
+    read-only mapping: the caller's copy into its model is the only copy. The mapping lives
+    as long as the tensors. ConfigError when the file or a span is not there."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"no shared weights file {path!r}; the trainer that wrote it must run on this "
+            "machine and keep it open until the update returns (IPCWeightSync does)."
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot map shared weights file {path!r} ({exc}); the server must run on the "
+            "trainer's machine as the same user (else use the tensors or disk weight sync)."
+        ) from exc
+    view = memoryview(mm)
+    out: dict[str, torch.Tensor] = {}
+    for offset, length in spans:
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ConfigError(
+                f"bucket [{offset}, {offset + length}) lies outside {path!r} ({size} bytes); "
+                "send the spans IPCWeightSync wrote."
+            )
+        named = load_safetensors_bytes(view[offset : offset + length])
+        twice = sorted(set(named) & set(out))
+        if twice:
+            raise ConfigError(f"tensor(s) {twice[:3]} appear in more than one bucket.")
+        out.update(named)
+    return out

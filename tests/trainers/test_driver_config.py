@@ -59,7 +59,7 @@ def test_data_cursor_maps_to_fixed_samples() -> None:
 @pytest.mark.parametrize(
     ("overrides", "path"),
     [
-        ([], "tensors"),
+        ([], "ipc"),
         (["inference.weight_sync=disk"], "disk"),
         (["inference.backend=vllm"], "vllm"),
         (["inference.backend=vllm", "inference.weight_sync=disk"], "disk"),

@@ -3,6 +3,7 @@
     trainer named tensors --push(named, version, targets=None)--> [kept for lazy checksums]
         DiskWeightSync        safetensors shards in a dir -> each server reloads from disk
         HTTPTensorWeightSync  safetensors buckets over HTTP  (embedded server)
+        IPCWeightSync         buckets in a memfd; the server maps it (embedded, same machine)
         SGLangWeightSync      /update_weights_from_disk, or /init_weights_update_group +
                               /update_weights_from_distributed (NCCL broadcast)
         VLLMWeightSync        /init_weight_transfer_engine, /start_weight_update,
@@ -22,7 +23,7 @@ are counted as ``unverifiable`` (and never hashed), and ``verify`` passes when e
 that can be compared matches.
 
 Modules: ``base`` (interface, checksums, reports), ``files`` (one-copy safetensors files),
-``disk`` (disk and HTTP tensors), ``sglang``, ``vllm``.
+``disk`` (disk and HTTP tensors), ``ipc`` (shared memory), ``sglang``, ``vllm``.
 """
 
 from agentrl.inference.weight_sync.base import (
@@ -37,6 +38,7 @@ from agentrl.inference.weight_sync.base import (
 )
 from agentrl.inference.weight_sync.disk import DiskWeightSync, HTTPTensorWeightSync, write_shards
 from agentrl.inference.weight_sync.files import write_bucket
+from agentrl.inference.weight_sync.ipc import IPCWeightSync
 from agentrl.inference.weight_sync.sglang import SGLangSyncConfig, SGLangWeightSync
 from agentrl.inference.weight_sync.vllm import VLLMSyncConfig, VLLMWeightSync
 
@@ -44,6 +46,7 @@ __all__ = [
     "EMPTY_DIGEST",
     "DiskWeightSync",
     "HTTPTensorWeightSync",
+    "IPCWeightSync",
     "Named",
     "SGLangSyncConfig",
     "SGLangWeightSync",

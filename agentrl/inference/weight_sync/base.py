@@ -14,7 +14,8 @@ every server the client routes to. Checksums are SHA-256 of the raw bytes in the
 threads, and only for tensors the server reports: on vLLM's CPU backend the packed linear
 weights report an empty digest and are never hashed. The pushed tensors are therefore kept
 (references; cast copies when the dtype changes) until the next push; ``eager_checksums``
-hashes during the push instead and keeps only the digests.
+hashes during the push instead and keeps only the digests. Embedded servers show every
+tensor, so against them the trainer hashes while the server hashes (``hash_ahead``).
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ class NamedDigests:
     def __contains__(self, name: object) -> bool:
         return name in self._tensors or name in self._digests
 
+    def names(self) -> list[str]:
+        """Names not hashed yet."""
+        return [n for n in self._tensors if n not in self._digests]
+
     def freeze(self) -> None:
         """Hash everything now and drop the tensors."""
         for name in self._tensors:
@@ -133,6 +138,9 @@ class WeightSync(ABC):
     """Sends weights to every server of an ``InferenceClient`` and checks they arrived."""
 
     Config = WeightSyncConfig
+    hash_ahead = True
+    """Hash the trainer's tensors while embedded servers compute their checksums (False where
+    verify compares something else, e.g. SGLang's sampled values)."""
 
     def __init__(self, client: InferenceClient, cfg: WeightSyncConfig | None = None) -> None:
         self.client = client
@@ -144,6 +152,7 @@ class WeightSync(ABC):
         self._sums = NamedDigests()
         self._vllm = VLLMDigests(self._dtype)
         self._temp_root: Path | None = None
+        self._ahead: asyncio.Future[None] | None = None
 
     def targets(self, targets: Targets | None = None) -> dict[str, str]:
         """The servers a push or verify goes to (default: every server the client routes to)."""
@@ -206,7 +215,17 @@ class WeightSync(ABC):
             raise ConfigError("verify() before push(): nothing to compare with.")
         t0, http, goal = time.perf_counter(), self.client.http, self.targets(targets)
         self.times.hash_s = 0.0
+        self._ahead = None
+        if self.hash_ahead and "sglang" in goal.values():
+            # Embedded servers report every tensor: hash ours while they hash theirs.
+            self._ahead = asyncio.ensure_future(self._hash(self._sums, self._sums.names()))
+        try:
+            return await self._verify(http, goal, t0)
+        finally:
+            if self._ahead is not None and not self._ahead.done():
+                await asyncio.wait([self._ahead])  # never leave the hashing thread behind
 
+    async def _verify(self, http: httpx.AsyncClient, goal: dict[str, str], t0: float) -> bool:
         async def one(url: str, backend: str) -> ServerReport:
             if backend == "vllm":
                 served = await vllm_weight_digests(http, url)
@@ -228,6 +247,8 @@ class WeightSync(ABC):
         if resp.status_code != 200:
             raise InferenceError(f"{url}/weights_checksum -> {resp.status_code}: {resp.text[:300]}")
         body = resp.json()
+        if self._ahead is not None:
+            await asyncio.shield(self._ahead)
         return await self._compare(body["tensors"], self._sums, _version(body))
 
     async def _verify_by_name(self, http: httpx.AsyncClient, url: str) -> ServerReport:
@@ -241,10 +262,13 @@ class WeightSync(ABC):
     ) -> ServerReport:
         """Hash (in threads) what the server shows, then ``report``."""
         names = [n for n, d in served.items() if d != EMPTY_DIGEST and n in expected]
+        await self._hash(expected, names)
+        return report(served, expected, version, self.version)
+
+    async def _hash(self, expected: Digests, names: list[str]) -> None:
         t0 = time.perf_counter()
         await asyncio.to_thread(_hash_all, expected, names, self.cfg.hash_threads)
         self.times.hash_s += time.perf_counter() - t0
-        return report(served, expected, version, self.version)
 
 
 def _hash_all(expected: Digests, names: list[str], threads: int) -> None:

@@ -4,7 +4,8 @@
                           -> embedded/SGLang: /update_weights_from_disk {"model_path"}
                           -> vLLM + agentrl_file engine: one weight-transfer round naming the shards
                           -> vLLM otherwise: /collective_rpc reload_weights + /update_weight_version
-    HTTPTensorWeightSync: safetensors buckets -> /update_weights_from_tensor?flush=0 ... flush=1
+    HTTPTensorWeightSync: safetensors buckets, streamed from the tensors' memory
+                          -> /update_weights_from_tensor?flush=0 ... flush=1
 
 The served version's shard directory is kept (a restarted server reloads from it) and the
 previous one removed; ``close()`` removes a temporary root.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
 import httpx
@@ -27,7 +28,7 @@ from agentrl.inference.backends.base import call, error_message
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.weight_sync.base import WeightSync, WeightSyncConfig, buckets, unique
 from agentrl.inference.weight_sync.files import write_bucket
-from agentrl.inference.weights import safetensors_buckets
+from agentrl.inference.weights import safetensors_bucket_parts
 
 
 def write_shards(named: Iterable[tuple[str, torch.Tensor]], out: Path, bucket_bytes: int) -> int:
@@ -116,21 +117,39 @@ class HTTPTensorWeightSync(WeightSync):
                     "server (use DiskWeightSync or VLLMWeightSync there)."
                 )
         t0, posting = time.perf_counter(), 0.0
-        for blob in safetensors_buckets(named, self.cfg.bucket_bytes):
+        for parts in safetensors_bucket_parts(named, self.cfg.bucket_bytes):
             t1 = time.perf_counter()
-            await asyncio.gather(*(_post(http, u, blob, {"flush": "0"}) for u in urls))
+            await asyncio.gather(*(_post(http, u, parts, {"flush": "0"}) for u in urls))
             posting += time.perf_counter() - t1
         t1 = time.perf_counter()
         params = {"flush": "1", "weight_version": str(version)}
-        await asyncio.gather(*(_post(http, u, b"", params) for u in urls))
+        await asyncio.gather(*(_post(http, u, [], params) for u in urls))
         self.times.load_s = posting + time.perf_counter() - t1
         self.times.write_s = t1 - t0 - posting
 
 
-async def _post(http: httpx.AsyncClient, url: str, body: bytes, params: dict[str, str]) -> None:
+_CHUNK = 4 << 20  # bytes per piece handed to httpx (each is copied once into the socket)
+
+
+async def _pieces(parts: list[bytes | memoryview]) -> AsyncIterator[bytes]:
+    """A bucket's header and tensor memory in pieces of at most ``_CHUNK`` bytes, uncopied
+    (memoryviews, which httpx passes on to h11 like bytes)."""
+    for part in parts:
+        view = memoryview(part).cast("B")
+        for i in range(0, view.nbytes, _CHUNK):
+            yield view[i : i + _CHUNK]  # type: ignore[misc]
+
+
+async def _post(
+    http: httpx.AsyncClient, url: str, parts: list[bytes | memoryview], params: dict[str, str]
+) -> None:
+    """POST one bucket, streamed from the tensors' memory with its Content-Length (the server
+    receives it into one buffer of that size)."""
     path = url + "/update_weights_from_tensor"
+    size = sum(memoryview(p).nbytes for p in parts)
+    headers = {**_OCTETS, "content-length": str(size)}
     try:
-        resp = await http.post(path, content=body, headers=_OCTETS, params=params)
+        resp = await http.post(path, content=_pieces(parts), headers=headers, params=params)
     except httpx.TransportError as exc:
         raise InferenceError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
     if resp.status_code != 200:

@@ -55,6 +55,7 @@ class SGLangWeightSync(DiskWeightSync):
 
     Config = SGLangSyncConfig  # type: ignore[assignment]
     cfg: SGLangSyncConfig
+    hash_ahead = False  # SGLang servers are checked by sampled values, not full checksums
 
     def __init__(self, client: InferenceClient, cfg: SGLangSyncConfig | None = None) -> None:
         super().__init__(client, cfg or SGLangSyncConfig())
