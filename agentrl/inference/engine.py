@@ -106,8 +106,9 @@ class Engine:
         seed: int = 0
         """Seeds requests that do not carry their own seed."""
         num_threads: int = 0
-        """torch intra-op threads; 0 = one less than the CPU count (at least 1), so the HTTP
-        thread keeps a core: OpenMP workers spin between ops and would starve it."""
+        """torch intra-op threads; 0 = one less than the CPU count (at least 1) on CPU, so the
+        HTTP thread keeps a core (OpenMP workers spin between ops and would starve it), and 2 on
+        CUDA, where the host runs only small sampling ops."""
 
     def __init__(self, cfg: Engine.Config) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -118,7 +119,7 @@ class Engine:
         dtype = getattr(torch, cfg.dtype, None)
         if not isinstance(dtype, torch.dtype):
             raise ConfigError(f"dtype {cfg.dtype!r} is not a torch dtype; try float32 or bfloat16.")
-        torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 2) - 1))
+        torch.set_num_threads(cfg.num_threads or _default_threads(cfg.device))
         self.tokenizer: Any = AutoTokenizer.from_pretrained(cfg.model)
         model: Any = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
         self.model: Any = model.to(cfg.device).eval()
@@ -399,6 +400,12 @@ class Engine:
 
     def _fail_all(self, message: str) -> None:
         self._abort(None, message, error=message)
+
+
+def _default_threads(device: str) -> int:
+    if device.startswith("cuda"):
+        return 2
+    return max(1, (os.cpu_count() or 2) - 1)
 
 
 def _cache_keyword(model: Any) -> str:
