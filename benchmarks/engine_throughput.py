@@ -18,7 +18,8 @@ Engines: ``torch`` (transformers + SDPA, autocast bf16, fp32 master weights), ``
 (GPTModel, local spec with SDPA core attention, bf16 params + fp32 distributed Adam) and
 ``megatron-local`` (Megatron's own unfused local attention, for reference),
 ``megatron-compile`` (``megatron`` with every decoder layer ``torch.compile``d) and
-``megatron-compile-foreach`` (the same with torch's foreach AdamW instead of the fused one).
+``megatron-compile-foreach`` (the same with torch's foreach AdamW instead of the fused one) and
+``megatron-compile-max`` (the layers compiled with ``max-autotune-no-cudagraphs``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, float | str]:
         par = MegatronConfig(
             sdpa_attention=args.engine != "megatron-local",
             compile_layers="compile" in args.engine,
+            compile_mode="max-autotune-no-cudagraphs" if "max" in args.engine else "default",
             fused_adam="foreach" not in args.engine,
         )
         engine = ENGINES.make("megatron", config=cfg, parallel=par)

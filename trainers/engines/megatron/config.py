@@ -25,6 +25,9 @@ class MegatronConfig:
     """SDPA core attention; False keeps Megatron's local (unfused) DotProductAttention."""
     compile_layers: bool = False
     """torch.compile each decoder layer (experimental: Megatron code has graph breaks)."""
+    compile_mode: str = "default"
+    """torch.compile mode for compile_layers, e.g. ``max-autotune-no-cudagraphs`` (benchmarks
+    Triton GEMM templates against cuBLAS at the first step; slower start, sometimes faster)."""
     fused_adam: bool = True
     """Without Apex / Transformer Engine Megatron falls back to ``torch.optim.AdamW``; run it
     with torch's fused CUDA kernel (one launch for all tensors) instead of the foreach one."""

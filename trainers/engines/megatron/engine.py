@@ -167,7 +167,7 @@ class MegatronEngine(Engine):
         state.load_hf_weights(model, self.config.model_path, self.shape, self.parallel)
         model.to(self.device)
         if self.parallel.compile_layers:
-            compile_layers(model)
+            compile_layers(model, self.parallel.compile_mode)
         if self.config.dtype != "float32":
             model = Float16Module(self._tconfig, model)
         if self.config.role == "ref":

@@ -216,11 +216,11 @@ def build_model(
         )
 
 
-def compile_layers(model: Any) -> None:
+def compile_layers(model: Any, mode: str = "default") -> None:
     """torch.compile every decoder layer of ``model`` (fuses norms, RoPE, SwiGLU, residuals)."""
     import warnings
 
     # Megatron warns from inside forward; let dynamo hoist the call instead of breaking there
     torch._dynamo.config.reorderable_logging_functions.add(warnings.warn)
     for layer in model.decoder.layers:
-        layer.compile()
+        layer.compile(mode=mode)
