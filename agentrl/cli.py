@@ -41,7 +41,7 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not verbose:  # one line per HTTP request would bury the metrics tables
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
 def _fail(err: Exception) -> NoReturn:

@@ -8,7 +8,7 @@
    path (RolloutCollector -> EnvAgentLoop -> RolloutContext/ledger -> InferenceClient -> HTTP),
    ``max_new_tokens=1``; every turn is one /generate request. Reports turns/s.
 3. raw: replays exactly the same prompts (token ids recorded from step 2's ledgers) with bare
-   ``httpx`` POSTs at the same concurrency. Reports requests/s. Same server, same prompts, same
+   ``httpx2`` POSTs at the same concurrency. Reports requests/s. Same server, same prompts, same
    concurrency: the ratio is agentrl's client-side overhead. Runs alternate to cancel drift.
 4. Holds ``--hold`` multi-turn trajectories in flight at once in one collector process and
    reports the peak memory per trajectory (RSS growth over the idle baseline).
@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 import psutil
 
 from agentrl.chat import ChatTemplate
@@ -90,11 +90,11 @@ async def run_agentrl(
 async def run_raw(
     url: str, prompts: list[list[int]], concurrency: int, stop_ids: list[int]
 ) -> float:
-    limits = httpx.Limits(
+    limits = httpx2.Limits(
         max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2
     )
     queue = list(reversed(prompts))
-    async with httpx.AsyncClient(limits=limits, timeout=600.0) as http:
+    async with httpx2.AsyncClient(limits=limits, timeout=600.0) as http:
 
         async def worker() -> None:
             while queue:
@@ -186,13 +186,13 @@ async def main(args: argparse.Namespace) -> None:
             agentrl_rates.append(rate)
             raw_rates.append(await run_raw(srv.url, prompts, args.concurrency, stop_ids))
             print(
-                f"rep {rep}: agentrl {rate:8.1f} turns/s ({turns} turns) | raw httpx {raw_rates[-1]:8.1f} req/s",
+                f"rep {rep}: agentrl {rate:8.1f} turns/s ({turns} turns) | raw httpx2 {raw_rates[-1]:8.1f} req/s",
                 flush=True,
             )
         a, r = statistics.median(agentrl_rates), statistics.median(raw_rates)
         print()
         print(f"{'path':<28}{'rate (/s)':>12}")
-        print(f"{'raw httpx /generate':<28}{r:>12.1f}")
+        print(f"{'raw httpx2 /generate':<28}{r:>12.1f}")
         print(f"{'agentrl full rollout path':<28}{a:>12.1f}")
         print(f"ratio agentrl/raw: {a / r:.2f}x  (target >= 0.80x)")
         if args.hold:

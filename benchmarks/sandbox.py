@@ -255,7 +255,7 @@ def subprocess_target() -> Target:
 @contextlib.asynccontextmanager
 async def sandbox_server(tmp: str) -> AsyncIterator[str]:
     """``python -m sandboxes.server`` in a subprocess on a free loopback port."""
-    import httpx
+    import httpx2
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -265,9 +265,9 @@ async def sandbox_server(tmp: str) -> AsyncIterator[str]:
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient() as c:
+        async with httpx2.AsyncClient() as c:
             for _ in range(300):
-                with contextlib.suppress(httpx.TransportError):
+                with contextlib.suppress(httpx2.TransportError):
                     if (await c.get(url + "/health")).status_code == 200:
                         break
                 await asyncio.sleep(0.1)

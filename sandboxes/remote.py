@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-import httpx
+import httpx2
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, Sandbox, SandboxProcess, SweepReport, new_name
@@ -108,7 +108,7 @@ class RemoteSandbox(Sandbox):
 
     async def _post(
         self, op: str, *, timeout_s: float | None = None, **kwargs: Any
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         if self._closed:
             raise SandboxError(f"sandbox {self.name} is closed")
         r = await self.api.send("POST", f"/sandboxes/{self.id}/{op}", timeout_s=timeout_s, **kwargs)
@@ -247,7 +247,7 @@ class RemoteProcess(SandboxProcess):
         return self._alive
 
 
-def _check(r: httpx.Response) -> None:
+def _check(r: httpx2.Response) -> None:
     if r.status_code < 400:
         return
     kind, msg = api_error(r)
@@ -257,6 +257,6 @@ def _check(r: httpx.Response) -> None:
     raise _EXC.get(kind, SandboxError)(msg if kind in _EXC else f"{kind}: {msg}")
 
 
-def _json(r: httpx.Response) -> Any:
+def _json(r: httpx2.Response) -> Any:
     _check(r)
     return r.json()

@@ -105,7 +105,7 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per request otherwise
     try:
         app()
     except AgentRLError as e:

@@ -8,10 +8,10 @@
 Each server has a dialect (``agentrl/inference/backends/``) that builds its request and
 parses its answer: SGLang's native ``/generate`` (the default; the embedded server speaks it)
 or vLLM's token-in/token-out ``/inference/v1/generate`` (a ``"vllm+http://..."`` url, or
-``Config.backend="vllm"``). One ``httpx.AsyncClient`` pools connections for thousands of
+``Config.backend="vllm"``). One ``httpx2.AsyncClient`` pools connections for thousands of
 concurrent requests. The hot path builds and reads plain dicts (no pydantic), the dialect
 caches the sampling part of the body per ``SamplingParams`` value, and routing state lives in
-slotted objects, so agentrl adds little on top of a bare ``httpx`` POST.
+slotted objects, so agentrl adds little on top of a bare ``httpx2`` POST.
 
 Outcomes: an aborted request (``/abort_request``, ``pause(mode="abort")``) is *returned* as a
 ``Completion`` with ``finish_reason="abort"`` and the tokens generated so far, so a partial
@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-import httpx
+import httpx2
 import torch
 
 from agentrl.errors import ConfigError, InferenceError, ServerUnavailableError
@@ -105,10 +105,10 @@ class InferenceClient:
         self._drained: set[str] = set()
         self.admissions = 0
         """How many times a drained server was put back (``admit``)."""
-        limits = httpx.Limits(max_connections=self.cfg.max_connections,
+        limits = httpx2.Limits(max_connections=self.cfg.max_connections,
                               max_keepalive_connections=self.cfg.max_connections)  # fmt: skip
-        timeout = httpx.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s)
-        self._http = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+        timeout = httpx2.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s)
+        self._http = httpx2.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
 
     @property
     def urls(self) -> list[str]:
@@ -157,7 +157,7 @@ class InferenceClient:
         )
 
     @property
-    def http(self) -> httpx.AsyncClient:
+    def http(self) -> httpx2.AsyncClient:
         """The pooled HTTP client (for backend-specific control calls such as weight sync)."""
         return self._http
 
@@ -174,7 +174,7 @@ class InferenceClient:
             start = time.perf_counter()
             try:
                 resp = await self._post_generate(server, body)
-            except httpx.TransportError as exc:
+            except httpx2.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if resp.status_code == 200:
@@ -191,7 +191,7 @@ class InferenceClient:
             tried = [server] if tried is None else [*tried, server]
             server = self._failover(server, tried, session_id, problem)
 
-    async def _post_generate(self, server: _Server, body: bytes) -> httpx.Response:
+    async def _post_generate(self, server: _Server, body: bytes) -> httpx2.Response:
         """POST once; a pooled connection the server had already closed is retried once.
 
         A keep-alive connection can be closed by the server just as a request goes out on it
@@ -200,7 +200,7 @@ class InferenceClient:
         """
         try:
             return await self._http.post(server.generate_url, content=body, headers=_JSON)
-        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+        except (httpx2.ReadError, httpx2.RemoteProtocolError, httpx2.WriteError):
             return await self._http.post(server.generate_url, content=body, headers=_JSON)
 
     def _pick(self, session_id: str | None) -> _Server:
@@ -270,7 +270,7 @@ class InferenceClient:
         async def one(s: _Server) -> Any:
             try:
                 resp = await self._http.post(s.url + path, **kw)
-            except httpx.TransportError as exc:
+            except httpx2.TransportError as exc:
                 return InferenceError(f"{s.url}{path}: {type(exc).__name__}: {exc}")
             if resp.status_code != 200:
                 return InferenceError(f"{s.url}{path} -> {resp.status_code}: {error_message(resp)}")
@@ -303,7 +303,7 @@ class InferenceClient:
                 return (
                     await self._http.get(s.url + "/health", timeout=timeout_s)
                 ).status_code == 200
-            except httpx.HTTPError:
+            except httpx2.HTTPError:
                 return False
 
         ok = await asyncio.gather(*(one(s) for s in self._servers))

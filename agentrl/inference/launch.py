@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import httpx
+import httpx2
 
 from agentrl.errors import InferenceError
 
@@ -132,10 +132,13 @@ class ServerProcess:
                     f"log {self.log_path}:\n{self.log_tail()}"
                 )
             try:
-                if httpx.get(self.url + "/health", timeout=1.0, trust_env=False).status_code == 200:
+                if (
+                    httpx2.get(self.url + "/health", timeout=1.0, trust_env=False).status_code
+                    == 200
+                ):
                     logger.info("embedded server pid %s ready at %s", self.pid, self.url)
                     return
-            except httpx.HTTPError:
+            except httpx2.HTTPError:
                 pass
             time.sleep(0.1)
         self.kill()

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
+import httpx2
 
 from agentrl.errors import InferenceError, ServerUnavailableError
 from agentrl.inference.client import InferenceClient
@@ -158,7 +158,7 @@ class ServerSupervisor:
     async def _healthy(self, url: str) -> bool:
         try:
             resp = await self.client.http.get(url + "/health", timeout=self.cfg.health_timeout_s)
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             return False
         return resp.status_code == 200
 

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 
 from agentrl.errors import SandboxError, ToolError
 from agentrl.tool import Tool, ToolResult, ToolSet
@@ -66,7 +66,7 @@ class SchemaTool(Tool):
         raise TypeError(f"tool {self.name!r} is bound to a live connection; it cannot be pickled")
 
 
-def _json_or_raise(r: httpx.Response, url: str) -> Any:
+def _json_or_raise(r: httpx2.Response, url: str) -> Any:
     if r.status_code < 400:
         return r.json()
     kind, msg = api_error(r)
@@ -162,7 +162,7 @@ class RemoteToolSet(ToolSet):
 
     def _loaded(self) -> None:
         if self._schemas is None:  # sync callers (chat templates): one blocking fetch
-            with httpx.Client(base_url=self.config.url, headers=self._http.headers,
+            with httpx2.Client(base_url=self.config.url, headers=self._http.headers,
                               timeout=self.config.timeout_s) as c:  # fmt: skip
                 self._set_schemas(_json_or_raise(c.get("/tools"), self.config.url))
 

@@ -7,7 +7,7 @@
 
 Request -> bearer_auth (constant-time compare) -> handler -> a ``ReplayCache`` keyed by the
 client's ``request_id`` (a retried request returns the first answer, it never runs twice)
--> JSON. ``TokenBucket`` rate-limits a session. ``ApiClient`` is the client side (httpx, a
+-> JSON. ``TokenBucket`` rate-limits a session. ``ApiClient`` is the client side (httpx2, a
 client per event loop, retries of transport failures). ``ServerThread`` runs an app under
 uvicorn in a background thread (tests, embedding); ``agentrl tools serve`` runs it in the main one.
 """
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-import httpx
+import httpx2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -178,7 +178,7 @@ class ReplayCache(Generic[T]):
 
 
 class ApiClient:
-    """httpx against one of these servers: a client per event loop, bearer token, retries.
+    """httpx2 against one of these servers: a client per event loop, bearer token, retries.
 
     Transport failures are retried (callers make that safe with request ids); after the
     last try ``SandboxError`` says the server could not be reached.
@@ -192,20 +192,20 @@ class ApiClient:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
-        self._clients: dict[int, httpx.AsyncClient] = {}
+        self._clients: dict[int, httpx2.AsyncClient] = {}
 
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> httpx2.AsyncClient:
         key = id(asyncio.get_running_loop())
         c = self._clients.get(key)
         if c is None or c.is_closed:
-            c = self._clients[key] = httpx.AsyncClient(
+            c = self._clients[key] = httpx2.AsyncClient(
                 base_url=self.url, headers=self.headers, timeout=self.timeout_s
             )
         return c
 
     async def send(
         self, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         last: Exception | None = None
         timeout = self.timeout_s if timeout_s is None else timeout_s
         for attempt in range(self.retries + 1):
@@ -213,7 +213,7 @@ class ApiClient:
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 return await self.client().request(method, path, timeout=timeout, **kwargs)
-            except httpx.TransportError as e:
+            except httpx2.TransportError as e:
                 last = e
         raise SandboxError(f"{self.url} did not answer {method} {path} after {self.retries + 1} "
                            f"tries: {type(last).__name__}: {last}")  # fmt: skip
@@ -225,7 +225,7 @@ class ApiClient:
                 await c.aclose()
 
 
-def api_error(r: httpx.Response) -> tuple[str, str]:
+def api_error(r: httpx2.Response) -> tuple[str, str]:
     """(type, message) of an error answer (``("http", text)`` if it is not one of ours)."""
     try:
         err = r.json()["error"]
@@ -238,7 +238,7 @@ class ServerThread:
     """Run an ASGI app with uvicorn in a daemon thread, on ``host:port`` (0 = any free port).
 
     with ServerThread(app) as url:   # "http://127.0.0.1:PORT"
-        httpx.get(url + "/health")
+        httpx2.get(url + "/health")
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from agentrl.errors import ServerUnavailableError
@@ -37,7 +37,7 @@ def two_servers(
 
 
 async def running_on(url: str) -> int:
-    async with httpx.AsyncClient(trust_env=False) as http:
+    async with httpx2.AsyncClient(trust_env=False) as http:
         return int((await http.get(url + "/get_server_info")).json()["engine"]["running"])
 
 

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -42,13 +42,13 @@ def teacher_forced(
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(output)[:, None])[:, 0]
 
 
-async def post(url: str, path: str, body: dict[str, Any], timeout: float = 60) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as http:
+async def post(url: str, path: str, body: dict[str, Any], timeout: float = 60) -> httpx2.Response:
+    async with httpx2.AsyncClient(timeout=timeout, trust_env=False) as http:
         return await http.post(url + path, json=body)
 
 
-async def get(url: str, path: str) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+async def get(url: str, path: str) -> httpx2.Response:
+    async with httpx2.AsyncClient(timeout=60, trust_env=False) as http:
         return await http.get(url + path)
 
 
@@ -244,7 +244,7 @@ async def test_bad_input_gets_4xx_with_message(
 
 
 async def test_malformed_json_and_client_4xx_is_not_retried(server: ServerProcess) -> None:
-    async with httpx.AsyncClient(trust_env=False) as http:
+    async with httpx2.AsyncClient(trust_env=False) as http:
         resp = await http.post(server.url + "/generate", content=b"{not json")
     assert resp.status_code == 400 and "invalid request" in resp.json()["error"]["message"]
     async with InferenceClient([server.url]) as client:

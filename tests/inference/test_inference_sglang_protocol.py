@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from agentrl.errors import InferenceError
@@ -26,12 +26,12 @@ PROMPT = [5, 6, 7, 8]
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+async def http() -> AsyncIterator[httpx2.AsyncClient]:
+    async with httpx2.AsyncClient(timeout=60, trust_env=False) as client:
         yield client
 
 
-async def running(http: httpx.AsyncClient, url: str) -> None:
+async def running(http: httpx2.AsyncClient, url: str) -> None:
     for _ in range(400):
         if (await http.get(url + "/get_server_info")).json()["engine"]["running"]:
             return
@@ -40,7 +40,7 @@ async def running(http: httpx.AsyncClient, url: str) -> None:
 
 
 async def test_generate_request_and_answer_fields(
-    server: ServerProcess, http: httpx.AsyncClient
+    server: ServerProcess, http: httpx2.AsyncClient
 ) -> None:
     dialect = SGLangDialect()
     sp = SamplingParams(max_new_tokens=5, temperature=1.0, top_p=0.9, top_k=20,
@@ -81,7 +81,7 @@ async def test_abort_request_abort_all_returns_partial(server: ServerProcess) ->
 
 
 async def test_pause_generation_in_place_then_continue(
-    server: ServerProcess, http: httpx.AsyncClient
+    server: ServerProcess, http: httpx2.AsyncClient
 ) -> None:
     dialect = SGLangDialect()
     await dialect.pause(http, server.url, "in_place")
@@ -99,7 +99,7 @@ async def test_pause_generation_in_place_then_continue(
 
 
 async def test_update_weights_from_disk_with_string_version(
-    server: ServerProcess, http: httpx.AsyncClient, tiny_model: Path, tiny_model_b: Path
+    server: ServerProcess, http: httpx2.AsyncClient, tiny_model: Path, tiny_model_b: Path
 ) -> None:
     dialect = SGLangDialect()
     sp = SamplingParams(max_new_tokens=6, temperature=0)
@@ -124,7 +124,7 @@ async def test_update_weights_from_disk_with_string_version(
 
 
 async def test_get_model_info_fields(
-    server: ServerProcess, http: httpx.AsyncClient, tiny_model: Path
+    server: ServerProcess, http: httpx2.AsyncClient, tiny_model: Path
 ) -> None:
     info = (await http.get(server.url + "/get_model_info")).json()
     assert info["model_path"] == str(tiny_model) and info["tokenizer_path"] == str(tiny_model)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -117,6 +117,6 @@ async def test_ipc_refuses_bad_input_and_changes_nothing(
 
 async def test_streamed_body_must_match_its_length(server: ServerProcess) -> None:
     url = server.url + "/update_weights_from_tensor"
-    async with httpx.AsyncClient() as http:
+    async with httpx2.AsyncClient() as http:
         resp = await http.post(url, content=b"\x00" * 4, params={"flush": "0"})
         assert resp.status_code == 400 and "not a safetensors blob" in resp.text

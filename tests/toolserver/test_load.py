@@ -9,7 +9,7 @@ default), and a session holds its sandbox for its whole life, so ``max_active`` 
 ``max_sessions``) must be at least the number of live sessions; past it, ``POST /sessions``
 waits up to ``acquire_timeout_s`` for a free sandbox and then answers 503. The pool's
 ``create_rate_per_s`` (20 by default) is raised so sandboxes start without a queue. Clients:
-4 ``RemoteToolSet``s sharing the sessions (httpx keeps at most 100 connections per client).
+4 ``RemoteToolSet``s sharing the sessions (httpx2 keeps at most 100 connections per client).
 Every session is open before any of them calls a tool (a barrier), so all are live at once.
 
 The test prints throughput (calls/s) and per-call latency p50/p99 (run with ``-s`` to see them).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from agentrl.errors import SandboxError
@@ -25,7 +25,7 @@ async def remote(url: str, **options: object) -> Sandbox:
 
 async def test_auth_and_refused_options(sandbox_server: Server) -> None:
     _, url = sandbox_server
-    async with httpx.AsyncClient(base_url=url) as c:
+    async with httpx2.AsyncClient(base_url=url) as c:
         assert (await c.get("/health")).status_code == 200
         r = await c.post("/sandboxes", json={})
         assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized"
@@ -74,7 +74,7 @@ async def test_retried_exec_request_runs_once(sandbox_server: Server) -> None:
     sb = await remote(url)
     assert isinstance(sb, RemoteSandbox)
     body = {"cmd": "echo run >> log; wc -l < log", "request_id": uuid.uuid4().hex}
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+    async with httpx2.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
         first = (await c.post(f"/sandboxes/{sb.id}/exec", json=body)).json()
         again = (await c.post(f"/sandboxes/{sb.id}/exec", json=body)).json()
         r = await c.post("/sandboxes/nope/exec", json=body)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -38,9 +38,9 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx2.get(url + "/health", timeout=2).status_code == 200:
                 return
-        except httpx.TransportError:
+        except httpx2.TransportError:
             time.sleep(0.2)
     raise RuntimeError("server did not become healthy")
 
@@ -64,7 +64,7 @@ def tool_server() -> Iterator[str]:
 
 
 async def test_tools_serve_in_a_process(tool_server: str) -> None:
-    assert httpx.get(tool_server + "/tools").status_code == 401
+    assert httpx2.get(tool_server + "/tools").status_code == 401
     tools = RemoteToolSet(RemoteToolSet.Config(url=tool_server, token=TOKEN))
     assert (await tools.call(ToolCall(name="add", arguments={"a": 1, "b": 2}))).content == "3"
     await tools.aclose()

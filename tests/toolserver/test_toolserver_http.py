@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from agentrl.errors import ConfigError, SandboxError, ToolError
@@ -33,18 +33,20 @@ def basic() -> Iterator[tuple[ToolServer, str]]:
 
 
 @pytest.fixture
-async def http(basic: tuple[ToolServer, str]) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=basic[1], headers=AUTH, timeout=30) as c:
+async def http(basic: tuple[ToolServer, str]) -> AsyncIterator[httpx2.AsyncClient]:
+    async with httpx2.AsyncClient(base_url=basic[1], headers=AUTH, timeout=30) as c:
         yield c
 
 
-async def open_session(http: httpx.AsyncClient) -> str:
+async def open_session(http: httpx2.AsyncClient) -> str:
     r = await http.post("/sessions")
     assert r.status_code == 200, r.text
     return str(r.json()["session_id"])
 
 
-async def call(http: httpx.AsyncClient, sid: str, name: str, rid: str = "", **args: object) -> dict:  # type: ignore[type-arg]
+async def call(
+    http: httpx2.AsyncClient, sid: str, name: str, rid: str = "", **args: object
+) -> dict:  # type: ignore[type-arg]
     r = await http.post(
         f"/sessions/{sid}/call", json={"name": name, "arguments": args, "request_id": rid}
     )
@@ -54,7 +56,7 @@ async def call(http: httpx.AsyncClient, sid: str, name: str, rid: str = "", **ar
 
 async def test_auth_required_everywhere_but_health(basic: tuple[ToolServer, str]) -> None:
     url = basic[1]
-    async with httpx.AsyncClient(base_url=url) as c:
+    async with httpx2.AsyncClient(base_url=url) as c:
         assert (await c.get("/health")).status_code == 200
         for path in ("/docs", "/redoc", "/openapi.json"):
             r = await c.get(path)
@@ -81,7 +83,7 @@ def test_refuses_public_bind_without_token() -> None:
     check_bind("127.0.0.1", "")
 
 
-async def test_tool_failures_are_results_not_http_errors(http: httpx.AsyncClient) -> None:
+async def test_tool_failures_are_results_not_http_errors(http: httpx2.AsyncClient) -> None:
     sid = await open_session(http)
     assert (await call(http, sid, "add", a=2, b=3))["content"] == "5"
     out = await call(http, sid, "boom", message="kaput")
@@ -102,7 +104,7 @@ async def test_tool_failures_are_results_not_http_errors(http: httpx.AsyncClient
 async def test_rate_limit_is_per_session_and_an_observation() -> None:
     _, thread = serve(toolsets.basic_toolset(), rate_per_s=0.01, burst=2)
     try:
-        async with httpx.AsyncClient(base_url=thread.url, headers=AUTH) as http:
+        async with httpx2.AsyncClient(base_url=thread.url, headers=AUTH) as http:
             a, b = await open_session(http), await open_session(http)
             outs = [await call(http, a, "echo", text=str(i)) for i in range(3)]
             assert [o["is_error"] for o in outs] == [False, False, True]
@@ -115,7 +117,7 @@ async def test_rate_limit_is_per_session_and_an_observation() -> None:
         thread.stop()
 
 
-async def test_retried_request_id_runs_once(http: httpx.AsyncClient) -> None:
+async def test_retried_request_id_runs_once(http: httpx2.AsyncClient) -> None:
     sid = await open_session(http)
     first = await call(http, sid, "count", rid="req-1", key="k1")
     again = await call(http, sid, "count", rid="req-1", key="k1")
@@ -133,7 +135,7 @@ async def test_retried_request_id_runs_once(http: httpx.AsyncClient) -> None:
     assert (await call(http, other, "count", rid="req-1", key="k1"))["content"] == "3"
 
 
-async def test_metrics_count_calls_errors_and_latency(http: httpx.AsyncClient) -> None:
+async def test_metrics_count_calls_errors_and_latency(http: httpx2.AsyncClient) -> None:
     sid = await open_session(http)
     await call(http, sid, "echo", text="a")
     await call(http, sid, "boom", message="b")
@@ -224,7 +226,7 @@ def test_server_without_sandbox_needs_none() -> None:
     server = ToolServer(ToolSet([toolsets.echo]), ToolServer.Config())
     assert server.pool is None
     with ServerThread(server.app()) as url:
-        assert httpx.get(url + "/tools").status_code == 200  # no token configured: open (loopback)
+        assert httpx2.get(url + "/tools").status_code == 200  # no token configured: open (loopback)
 
 
 async def test_session_of_an_env_closes_when_the_env_is_collected(
@@ -254,19 +256,19 @@ async def test_session_of_an_env_closes_when_the_env_is_collected(
     await tools.aclose()
 
 
-class LoseFirstAnswer(httpx.AsyncBaseTransport):
+class LoseFirstAnswer(httpx2.AsyncBaseTransport):
     """Delivers every request, but the answer to the first call is lost on the way back."""
 
     def __init__(self) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
+        self.inner = httpx2.AsyncHTTPTransport()
         self.lost = 0
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self.inner.handle_async_request(request)
         if request.url.path.endswith("/call") and not self.lost:
             await response.aread()
             self.lost += 1
-            raise httpx.ReadError("connection reset", request=request)
+            raise httpx2.ReadError("connection reset", request=request)
         return response
 
 
@@ -277,7 +279,7 @@ async def test_client_retry_after_a_lost_answer_does_not_run_twice(
     tools = RemoteToolSet(RemoteToolSet.Config(url=url, token=TOKEN, retry_backoff_s=0.01))
     transport = LoseFirstAnswer()
     api = tools._http.api
-    api._clients[id(asyncio.get_running_loop())] = httpx.AsyncClient(
+    api._clients[id(asyncio.get_running_loop())] = httpx2.AsyncClient(
         base_url=url, headers=api.headers, transport=transport
     )
     res = await tools.call(ToolCall(name="count", arguments={"key": "lost"}))

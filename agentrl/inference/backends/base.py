@@ -3,9 +3,9 @@
     generate (hot path): request_body(ids, sampling, return_logprob) -> bytes
                          POST url + generate_path -> completion(json, url, latency) -> Completion
     control (cold path): pause / resume / abort_all / load_from_disk / weight_version,
-                         each one async call against one server with a shared httpx client
+                         each one async call against one server with a shared httpx2 client
 
-Dialects hold no connection state; the client owns the ``httpx.AsyncClient`` and passes it in.
+Dialects hold no connection state; the client owns the ``httpx2.AsyncClient`` and passes it in.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Literal
 
-import httpx
+import httpx2
 
 from agentrl.errors import InferenceError
 from agentrl.inference.protocol import Completion, SamplingParams
@@ -38,26 +38,26 @@ class Dialect(ABC):
         """Parse a 200 answer; never re-tokenizes."""
 
     @abstractmethod
-    async def pause(self, http: httpx.AsyncClient, url: str, mode: PauseMode) -> None:
+    async def pause(self, http: httpx2.AsyncClient, url: str, mode: PauseMode) -> None:
         """Stop generating; ``abort`` returns in-flight requests now as aborted."""
 
     @abstractmethod
-    async def resume(self, http: httpx.AsyncClient, url: str) -> None: ...
+    async def resume(self, http: httpx2.AsyncClient, url: str) -> None: ...
 
     @abstractmethod
-    async def abort_all(self, http: httpx.AsyncClient, url: str) -> None: ...
+    async def abort_all(self, http: httpx2.AsyncClient, url: str) -> None: ...
 
     @abstractmethod
     async def load_from_disk(
-        self, http: httpx.AsyncClient, url: str, path: str, version: int | None
+        self, http: httpx2.AsyncClient, url: str, path: str, version: int | None
     ) -> int:
         """Reload every weight from an HF directory; returns the server's new version."""
 
     @abstractmethod
-    async def weight_version(self, http: httpx.AsyncClient, url: str) -> int: ...
+    async def weight_version(self, http: httpx2.AsyncClient, url: str) -> int: ...
 
 
-def error_message(resp: httpx.Response) -> str:
+def error_message(resp: httpx2.Response) -> str:
     """The human part of an error answer (OpenAI/SGLang/vLLM/FastAPI shapes)."""
     try:
         body = resp.json()
@@ -75,7 +75,7 @@ def error_message(resp: httpx.Response) -> str:
 
 
 async def call(
-    http: httpx.AsyncClient,
+    http: httpx2.AsyncClient,
     method: str,
     url: str,
     *,
@@ -92,7 +92,7 @@ async def call(
         kw["timeout"] = timeout
     try:
         resp = await http.request(method, url, **kw)
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         raise InferenceError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
     if resp.status_code != 200:
         raise InferenceError(f"{method} {url} -> {resp.status_code}: {error_message(resp)}")

@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 
 from agentrl.inference.backends.base import Dialect, PauseMode, call
 from agentrl.inference.launch import ServerProcess
@@ -87,17 +87,17 @@ class SGLangDialect(Dialect):
             output_versions=meta.get("output_token_weight_versions") or [],
         )
 
-    async def pause(self, http: httpx.AsyncClient, url: str, mode: PauseMode) -> None:
+    async def pause(self, http: httpx2.AsyncClient, url: str, mode: PauseMode) -> None:
         await call(http, "POST", url + "/pause_generation", json={"mode": mode})
 
-    async def resume(self, http: httpx.AsyncClient, url: str) -> None:
+    async def resume(self, http: httpx2.AsyncClient, url: str) -> None:
         await call(http, "POST", url + "/continue_generation", json={})
 
-    async def abort_all(self, http: httpx.AsyncClient, url: str) -> None:
+    async def abort_all(self, http: httpx2.AsyncClient, url: str) -> None:
         await call(http, "POST", url + "/abort_request", json={"abort_all": True})
 
     async def load_from_disk(
-        self, http: httpx.AsyncClient, url: str, path: str, version: int | None
+        self, http: httpx2.AsyncClient, url: str, path: str, version: int | None
     ) -> int:
         body: dict[str, object] = {"model_path": path}
         if version is not None:
@@ -107,7 +107,7 @@ class SGLangDialect(Dialect):
             return parse_weight_version(out["weight_version"])
         return await self.weight_version(http, url)
 
-    async def weight_version(self, http: httpx.AsyncClient, url: str) -> int:
+    async def weight_version(self, http: httpx2.AsyncClient, url: str) -> int:
         out = await call(http, "GET", url + "/get_weight_version")
         return parse_weight_version(out.get("weight_version") if isinstance(out, dict) else out)
 

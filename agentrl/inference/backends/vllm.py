@@ -39,7 +39,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2
 import torch
 
 from agentrl.errors import InferenceError
@@ -115,18 +115,18 @@ class VLLMDialect(Dialect):
             output_versions=per_token,
         )
 
-    async def pause(self, http: httpx.AsyncClient, url: str, mode: PauseMode) -> None:
+    async def pause(self, http: httpx2.AsyncClient, url: str, mode: PauseMode) -> None:
         await call(http, "POST", url + "/pause",
                    params={"mode": "abort" if mode == "abort" else "keep"})  # fmt: skip
 
-    async def resume(self, http: httpx.AsyncClient, url: str) -> None:
+    async def resume(self, http: httpx2.AsyncClient, url: str) -> None:
         await call(http, "POST", url + "/resume")
 
-    async def abort_all(self, http: httpx.AsyncClient, url: str) -> None:
+    async def abort_all(self, http: httpx2.AsyncClient, url: str) -> None:
         await call(http, "POST", url + "/abort_requests", json={})
 
     async def load_from_disk(
-        self, http: httpx.AsyncClient, url: str, path: str, version: int | None
+        self, http: httpx2.AsyncClient, url: str, path: str, version: int | None
     ) -> int:
         new = version if version is not None else await self.weight_version(http, url) + 1
         await call(http, "POST", url + "/collective_rpc",
@@ -134,10 +134,10 @@ class VLLMDialect(Dialect):
         await self.set_weight_version(http, url, new)
         return new
 
-    async def set_weight_version(self, http: httpx.AsyncClient, url: str, version: int) -> None:
+    async def set_weight_version(self, http: httpx2.AsyncClient, url: str, version: int) -> None:
         await call(http, "POST", url + "/update_weight_version", json={"new_version": str(version)})
 
-    async def weight_version(self, http: httpx.AsyncClient, url: str) -> int:
+    async def weight_version(self, http: httpx2.AsyncClient, url: str) -> int:
         out = await call(http, "GET", url + "/weight_info")
         return parse_weight_version(out.get("weight_version") if isinstance(out, dict) else None)
 
@@ -309,7 +309,7 @@ def digest_parts(parts: tuple[torch.Tensor, ...], pad_bytes: int = 0) -> str:
     return h.hexdigest()
 
 
-async def vllm_weight_digests(http: httpx.AsyncClient, url: str) -> dict[str, str]:
+async def vllm_weight_digests(http: httpx2.AsyncClient, url: str) -> dict[str, str]:
     """``/weight_checker`` checksums with the ``dp0:pp0:pcp0:tp0:`` rank prefix removed."""
     out = await call(http, "POST", url + "/weight_checker", json={"action": "checksum"})
     return {k.rsplit(":", 1)[-1]: v for k, v in out["checksums"].items()}

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import httpx
+import httpx2
 import torch
 
 from agentrl.errors import ConfigError, InferenceError
@@ -225,7 +225,7 @@ class WeightSync(ABC):
             if self._ahead is not None and not self._ahead.done():
                 await asyncio.wait([self._ahead])  # never leave the hashing thread behind
 
-    async def _verify(self, http: httpx.AsyncClient, goal: dict[str, str], t0: float) -> bool:
+    async def _verify(self, http: httpx2.AsyncClient, goal: dict[str, str], t0: float) -> bool:
         async def one(url: str, backend: str) -> ServerReport:
             if backend == "vllm":
                 served = await vllm_weight_digests(http, url)
@@ -240,7 +240,7 @@ class WeightSync(ABC):
         self.times.verify_s = time.perf_counter() - t0
         return all(r.ok for r in reports)
 
-    async def _verify_sglang(self, http: httpx.AsyncClient, url: str) -> ServerReport:
+    async def _verify_sglang(self, http: httpx2.AsyncClient, url: str) -> ServerReport:
         resp = await http.get(url + "/weights_checksum", params={"per_tensor": 1})
         if resp.status_code == 404:  # a real SGLang server: compare sampled values
             return await self._verify_by_name(http, url)
@@ -251,7 +251,7 @@ class WeightSync(ABC):
             await asyncio.shield(self._ahead)
         return await self._compare(body["tensors"], self._sums, _version(body))
 
-    async def _verify_by_name(self, http: httpx.AsyncClient, url: str) -> ServerReport:
+    async def _verify_by_name(self, http: httpx2.AsyncClient, url: str) -> ServerReport:
         raise InferenceError(
             f"{url} has no /weights_checksum; use SGLangWeightSync, which keeps value samples "
             "and compares them through SGLang's /get_weights_by_name."

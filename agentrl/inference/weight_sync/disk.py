@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import torch
 
 from agentrl.errors import InferenceError
@@ -128,12 +128,12 @@ class HTTPTensorWeightSync(WeightSync):
         self.times.write_s = t1 - t0 - posting
 
 
-_CHUNK = 4 << 20  # bytes per piece handed to httpx (each is copied once into the socket)
+_CHUNK = 4 << 20  # bytes per piece handed to httpx2 (each is copied once into the socket)
 
 
 async def _pieces(parts: list[bytes | memoryview]) -> AsyncIterator[bytes]:
     """A bucket's header and tensor memory in pieces of at most ``_CHUNK`` bytes, uncopied
-    (memoryviews, which httpx passes on to h11 like bytes)."""
+    (memoryviews, which httpx2 passes on to h11 like bytes)."""
     for part in parts:
         view = memoryview(part).cast("B")
         for i in range(0, view.nbytes, _CHUNK):
@@ -141,7 +141,7 @@ async def _pieces(parts: list[bytes | memoryview]) -> AsyncIterator[bytes]:
 
 
 async def _post(
-    http: httpx.AsyncClient, url: str, parts: list[bytes | memoryview], params: dict[str, str]
+    http: httpx2.AsyncClient, url: str, parts: list[bytes | memoryview], params: dict[str, str]
 ) -> None:
     """POST one bucket, streamed from the tensors' memory with its Content-Length (the server
     receives it into one buffer of that size)."""
@@ -150,7 +150,7 @@ async def _post(
     headers = {**_OCTETS, "content-length": str(size)}
     try:
         resp = await http.post(path, content=_pieces(parts), headers=headers, params=params)
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         raise InferenceError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
     if resp.status_code != 200:
         raise InferenceError(f"POST {path} -> {resp.status_code}: {error_message(resp)}")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 import torch
 
 from agentrl.errors import ConfigError
@@ -133,7 +133,7 @@ class SGLangWeightSync(DiskWeightSync):
         group, *_ = await asyncio.gather(asyncio.to_thread(join), *posts)
         return group
 
-    async def _verify_by_name(self, http: httpx.AsyncClient, url: str) -> ServerReport:
+    async def _verify_by_name(self, http: httpx2.AsyncClient, url: str) -> ServerReport:
         matched, bad = 0, []
         for name, rows in self._samples.items():
             got = await call(http, "POST", url + "/get_weights_by_name",
