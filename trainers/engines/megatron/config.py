@@ -24,7 +24,8 @@ class MegatronConfig:
     sdpa_attention: bool = True
     """SDPA core attention; False keeps Megatron's local (unfused) DotProductAttention."""
     compile_layers: bool = False
-    """torch.compile each decoder layer (experimental: Megatron code has graph breaks)."""
+    """torch.compile each decoder layer, one graph per layer (padded batches; the packed THD path
+    still breaks on Megatron's THD RoPE)."""
     compile_mode: str = "default"
     """torch.compile mode for compile_layers, e.g. ``max-autotune-no-cudagraphs`` (benchmarks
     Triton GEMM templates against cuBLAS at the first step; slower start, sometimes faster)."""

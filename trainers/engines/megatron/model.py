@@ -216,11 +216,25 @@ def build_model(
         )
 
 
-def compile_layers(model: Any, mode: str = "default") -> None:
-    """torch.compile every decoder layer of ``model`` (fuses norms, RoPE, SwiGLU, residuals)."""
+def compile_layers(model: Any, mode: str = "default", backend: str = "inductor") -> None:
+    """torch.compile every decoder layer of ``model``, each into one graph (one region).
+
+    Megatron's linear layers call ``warnings.warn("... tp_group is None ...", DeprecationWarning)``
+    inside forward (``RowParallelLinear`` passes ``tp_group=None`` to its matmul helper). Dynamo
+    cannot reorder a warning that takes a class argument, and the call sits inside Megatron's
+    activation-offloading context manager, so every linear split its layer: ~10 compiled regions
+    per layer, each paying host time in forward and again in backward. ``warnings.warn`` is
+    therefore ignored while tracing (eager code still warns); the layers then trace whole
+    (padded ``sbhd`` inputs; the packed THD path still breaks on Megatron's THD RoPE) and, being
+    one code object, share one graph.
+    """
     import warnings
 
-    # Megatron warns from inside forward; let dynamo hoist the call instead of breaking there
-    torch._dynamo.config.reorderable_logging_functions.add(warnings.warn)
+    ignored = getattr(torch._dynamo.config, "ignore_logging_functions", None)
+    if ignored is None:  # older torch: warnings split each layer into several graphs
+        logger.warning("this torch cannot ignore warnings.warn while tracing; expect graph breaks")
+        torch._dynamo.config.reorderable_logging_functions.add(warnings.warn)
+    else:
+        ignored.add(warnings.warn)
     for layer in model.decoder.layers:
-        layer.compile(mode=mode)
+        layer.compile(mode=mode, backend=backend)
