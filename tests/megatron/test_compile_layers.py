@@ -5,22 +5,12 @@ one copy has its layers compiled (``aot_eager``: the traced ATen graph runs as i
 compiler needed). Forward and backward must agree with the eager copy, and dynamo must capture
 each layer whole: no graph breaks, and one graph shared by every layer (a split layer runs as
 several compiled regions, each paying host time in forward and in backward).
-
-The engine's micro-batching hands over the batch itself when one micro-batch takes every row.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-from agentrl.engine import EngineConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainers"))
-from test_torch_engine import make_batch
 
 LAYERS, SEQ, BATCH, VOCAB = 3, 16, 2, 256
 
@@ -101,31 +91,3 @@ def test_compiled_layers_match_eager_in_one_graph_each(megatron_group: None) -> 
     assert breaks == {}, f"graph breaks inside a decoder layer: {breaks}"
     # one graph, shared by all the layers: no split layer, no recompile per layer
     assert counters["stats"]["unique_graphs"] == 1
-
-
-@pytest.mark.parametrize(
-    ("size", "num", "max_tokens", "whole"),
-    [
-        (8, None, None, True),
-        (6, None, None, True),
-        (4, None, None, False),
-        (2, 1, None, True),
-        (8, 2, None, False),
-        (1, None, 10**6, True),
-        (8, None, 8, False),
-    ],
-)
-def test_one_micro_batch_is_the_batch_itself(
-    size: int, num: int | None, max_tokens: int | None, whole: bool
-) -> None:
-    from trainers.engines.megatron.engine import MegatronEngine
-
-    batch = make_batch()  # 6 rows
-    engine = MegatronEngine(
-        EngineConfig(model_path="unused", device="cpu", role="ref", micro_batch_size=size)
-    )
-    mbs = engine._micro_batches(batch, num, max_tokens)
-    assert (len(mbs) == 1 and mbs[0] is batch) is whole
-    assert sum(len(mb) for mb in mbs) == len(batch)
-    rows = torch.cat([mb.input_ids[:, :1] for mb in mbs])
-    assert torch.equal(rows, batch.input_ids[:, :1])

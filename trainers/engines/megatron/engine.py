@@ -64,13 +64,6 @@ def _use_fused_torch_adam(optimizer: Any) -> None:
                 group["foreach"], group["fused"] = False, True
 
 
-def _is_trimmed(batch: TrainBatch) -> bool:
-    """True when ``batch`` has no all-padding columns beyond its pad multiple (as select leaves)."""
-    multiple = batch.pad_to_multiple_of
-    longest = int(batch.seq_lens.max())
-    return batch.seq_len == -(-longest // multiple) * multiple
-
-
 def _init_process_group() -> None:
     if dist.is_initialized():
         return
@@ -292,23 +285,9 @@ class MegatronEngine(Engine):
     def _micro_batches(
         self, batch: TrainBatch, num: int | None, max_tokens: int | None
     ) -> list[TrainBatch]:
-        """Contiguous micro-batches; ``[batch]`` itself when one micro-batch takes every row.
-
-        ``TrainBatch.select`` gathers every field (11 tensors) into a copy and trims padding;
-        for a batch that is already one micro-batch with no padding to trim, that copy is
-        pure host time, so the batch is used as it is.
-        """
-        max_tokens = max_tokens or self.config.max_tokens_per_micro_batch or None
-        if num is not None:
-            one = min(num, len(batch)) == 1
-        elif max_tokens is not None:
-            one = len(batch) == 1 or batch.num_tokens <= max_tokens
-        else:
-            one = len(batch) <= self.config.micro_batch_size
-        if one and _is_trimmed(batch):
-            return [batch]
         if num is not None:
             return batch.split(min(num, len(batch)))
+        max_tokens = max_tokens or self.config.max_tokens_per_micro_batch or None
         if max_tokens is not None:
             return batch.micro_batches(max_tokens=max_tokens)
         return batch.micro_batches(size=self.config.micro_batch_size)
