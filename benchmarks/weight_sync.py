@@ -22,6 +22,9 @@ then ``verify`` (checksum compare) timed on its own; ``--repeats`` pushes of ver
     tensors   embedded server, safetensors buckets over loopback HTTP (HTTPTensorWeightSync)
     disk      embedded server, shards in /dev/shm -> /update_weights_from_disk (DiskWeightSync)
     ipc       embedded server, buckets in a memfd the server maps (IPCWeightSync)
+    distributed  embedded server, a gloo broadcast per bucket from this process (rank 0)
+              while /update_weights_from_distributed receives it
+              (SGLangWeightSync(mode="distributed", backend="gloo"))
     vllm      vLLM-CPU server, agentrl_file transfer engine (VLLMWeightSync); only when the
               interpreter given by ``--vllm-python`` exists and imports vllm
 
@@ -50,11 +53,13 @@ from typing import Any
 import torch
 
 from agentrl.inference.client import InferenceClient
-from agentrl.inference.launch import ServerProcess
+from agentrl.inference.launch import ServerProcess, free_port
 from agentrl.inference.weight_sync import (
     DiskWeightSync,
     HTTPTensorWeightSync,
     IPCWeightSync,
+    SGLangSyncConfig,
+    SGLangWeightSync,
     VLLMWeightSync,
     WeightSync,
     WeightSyncConfig,
@@ -71,7 +76,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "intermediate_size": 5632,
     },
 }
-PATHS = ("tensors", "disk", "ipc", "vllm")
+PATHS = ("tensors", "disk", "ipc", "distributed", "vllm")
 
 
 @dataclass
@@ -163,15 +168,17 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> list[Row]:
           f"{len(named)} tensors, bucket {args.bucket_mb} MiB; load average {_load()}")  # fmt: skip
     rows = list(memcpy_times(named, args.repeats))
     cfg = WeightSyncConfig(bucket_bytes=args.bucket_mb << 20, dtype=dtype)
-    embedded_paths: dict[str, type[WeightSync]] = {
-        "tensors": HTTPTensorWeightSync, "disk": DiskWeightSync, "ipc": IPCWeightSync}  # fmt: skip
+    gloo = SGLangSyncConfig(mode="distributed", backend="gloo", bucket_bytes=cfg.bucket_bytes,
+                            dtype=dtype, master_port=free_port())  # fmt: skip
+    embedded_paths: dict[str, Callable[[InferenceClient], WeightSync]] = {
+        "tensors": partial(HTTPTensorWeightSync, cfg=cfg), "disk": partial(DiskWeightSync, cfg=cfg),
+        "ipc": partial(IPCWeightSync, cfg=cfg), "distributed": partial(SGLangWeightSync, cfg=gloo)}  # fmt: skip
     if set(embedded_paths) & set(args.paths):
         embedded = ServerProcess.Config(model=str(path), dtype=dtype, startup_timeout_s=600)
         with ServerProcess(embedded) as server:
-            for label, cls in embedded_paths.items():
+            for label, make in embedded_paths.items():
                 if label in args.paths:
-                    rows.append(time_pushes(label, partial(cls, cfg=cfg), server.url,
-                                            named, args.repeats))  # fmt: skip
+                    rows.append(time_pushes(label, make, server.url, named, args.repeats))
     if "vllm" in args.paths and has_vllm(args.vllm_python):
         rows.append(bench_vllm(path, dtype, named, args, work))
     elif "vllm" in args.paths:

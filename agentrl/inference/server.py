@@ -12,7 +12,9 @@ Endpoints: ``/generate``; ``/v1/completions``, ``/v1/chat/completions``, ``/v1/m
 (``openai_api.py``); ``/health``, ``/health_generate``, ``/get_model_info``,
 ``/get_server_info``, ``/flush_cache``; weights (``/get_weight_version``,
 ``/update_weights_from_disk``, ``/update_weights_from_tensor``, ``/update_weights_from_ipc``,
-``/weights_checksum``, in ``server_weights.py``); ``/pause_generation``, ``/continue_generation``, ``/abort_request``.
+``/weights_checksum``, in ``server_weights.py``; ``/init_weights_update_group``,
+``/update_weights_from_distributed``, ``/destroy_weights_update_group``, in
+``server_collective.py``); ``/pause_generation``, ``/continue_generation``, ``/abort_request``.
 Errors are ``{"error": {"message", "type", "code"}}`` with a 4xx for bad input and a 5xx when
 the engine failed. Bodies are parsed from raw bytes and answers written as raw JSON, skipping
 FastAPI's per-request encoders.

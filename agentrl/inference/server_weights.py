@@ -4,6 +4,8 @@
     POST /update_weights_from_tensor?flush=1&weight_version=N   body: safetensors bytes
     POST /update_weights_from_ipc  {"path", "buckets": [[offset, length], ...], "weight_version"?}
     GET  /weights_checksum[?per_tensor=0]   GET /get_weight_version
+    POST /init_weights_update_group, /update_weights_from_distributed,
+         /destroy_weights_update_group   (a broadcast from the trainer: server_collective.py)
     POST /pause_generation {"mode"}   POST /continue_generation   POST /abort_request {"rid", "abort_all"}
     GET  /health   GET /health_generate   GET /get_model_info   GET /get_server_info   /flush_cache
 
@@ -39,6 +41,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agentrl.errors import ConfigError
 from agentrl.inference.engine import RequestParams
+from agentrl.inference.server_collective import add_collective_routes
 from agentrl.inference.weights import (
     apply_named_tensors,
     checksum_named_tensors,
@@ -87,7 +90,7 @@ class AbortRequest(BaseModel):
     abort_all: bool = False
 
 
-def _version(value: int | str | None) -> int | None:
+def parse_version(value: int | str | None) -> int | None:
     if value is None or isinstance(value, int):
         return value
     if value.lstrip("-").isdigit():
@@ -136,20 +139,35 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
     async def in_engine(fn):  # type: ignore[no-untyped-def]
         return await asyncio.wrap_future(engine.call(fn))
 
-    async def apply(named: dict[str, torch.Tensor], version: int | None, abort_all: bool) -> int:
+    async def apply(
+        named: dict[str, torch.Tensor], version: int | None, abort_all: bool, bump: bool = True
+    ) -> int:
+        """Copy ``named`` into the model between two steps and set ``version`` (None: bump it
+        by one, or keep it when ``bump`` is False)."""
+
         def run() -> int:
             if abort_all:
                 engine.abort_in_thread(None, "aborted for a weight update")
             apply_named_tensors(engine.model, named)
+            if version is None and not bump:
+                return engine.weight_version
             return engine.set_weight_version(version)
 
         return int(await in_engine(run))
+
+    async def apply_keeping(
+        named: dict[str, torch.Tensor], version: int | None, abort_all: bool
+    ) -> int:
+        async with lock:
+            return await apply(named, version, abort_all, bump=False)
+
+    add_collective_routes(app, state, apply_keeping, shapes)
 
     @app.post("/update_weights_from_disk")
     async def update_from_disk(request: Request) -> Response:
         try:
             req = parse_body(UpdateFromDiskRequest, await request.body())
-            version = _version(req.weight_version)
+            version = parse_version(req.weight_version)
             named = await asyncio.to_thread(load_named_tensors, req.model_path)
             validate_named_tensors(shapes, named)
             require_complete(shapes, named)
@@ -170,7 +188,7 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
                 "HTTP; POST safetensors bytes from agentrl.inference.weights.safetensors_buckets() "
                 "with Content-Type application/octet-stream.", 415)  # fmt: skip
         try:
-            version = _version(request.query_params.get("weight_version"))
+            version = parse_version(request.query_params.get("weight_version"))
             named = await asyncio.to_thread(load_safetensors_bytes, await read_body(request))
             validate_named_tensors(shapes, named)
             async with lock:
@@ -192,7 +210,7 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
     async def update_from_ipc(request: Request) -> Response:
         try:
             req = parse_body(UpdateFromIPCRequest, await request.body())
-            version = _version(req.weight_version)
+            version = parse_version(req.weight_version)
             named = await asyncio.to_thread(map_shared_buckets, req.path, req.buckets)
             validate_named_tensors(shapes, named)
             require_complete(shapes, named, "send the whole state_dict in one IPC update")

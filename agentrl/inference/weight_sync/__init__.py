@@ -5,7 +5,7 @@
         HTTPTensorWeightSync  safetensors buckets over HTTP  (embedded server)
         IPCWeightSync         buckets in a memfd; the server maps it (embedded, same machine)
         SGLangWeightSync      /update_weights_from_disk, or /init_weights_update_group +
-                              /update_weights_from_distributed (NCCL broadcast)
+                              /update_weights_from_distributed (NCCL or gloo broadcast)
         VLLMWeightSync        /init_weight_transfer_engine, /start_weight_update,
                               /update_weights per bucket (written while the previous one
                               loads), /finish_weight_update {weight_version}

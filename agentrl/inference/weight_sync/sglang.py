@@ -1,38 +1,62 @@
-"""SGLang's documented weight-update APIs: from disk, or an NCCL broadcast from the trainer.
+"""SGLang's documented weight-update APIs: from disk, or a broadcast from the trainer.
 
 mode="disk":        shards -> POST /update_weights_from_disk {"model_path", "weight_version"}
-mode="distributed": once POST /init_weights_update_group (trainer = rank 0), then per bucket
+mode="distributed": once POST /init_weights_update_group (trainer = rank 0, its own process
+                    group: server_collective.join_update_group), then per bucket
                     POST /update_weights_from_distributed {"names", "dtypes", "shapes", ...}
-                    while rank 0 broadcasts each tensor in that order
+                    while rank 0 broadcasts each tensor in that order (gloo: CPU tensors;
+                    nccl: CUDA tensors)
 verify: /weights_checksum (embedded) or sampled rows through /get_weights_by_name (SGLang)
+
+What ran: both modes against the embedded server, the distributed one over gloo on CPU
+(tests/inference/test_weight_sync_distributed.py: one and two servers, several buckets).
+Written against SGLang's documentation and not run here: nccl, and either mode with a real
+SGLang server. The trainer lays out its store keys as torch's ``_new_process_group_helper``
+does, which is how SGLang joins (``init_custom_process_group``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
 
 import httpx2
 import torch
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, InferenceError
 from agentrl.inference.backends import make_dialect
 from agentrl.inference.backends.base import call
 from agentrl.inference.client import InferenceClient
-from agentrl.inference.weight_sync.base import Named, ServerReport, WeightSyncConfig, buckets
+from agentrl.inference.server_collective import UpdateGroup, join_update_group, listen_socket
+from agentrl.inference.weight_sync.base import (
+    Named,
+    ServerReport,
+    Targets,
+    WeightSyncConfig,
+    buckets,
+)
 from agentrl.inference.weight_sync.disk import DiskWeightSync
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
 class SGLangSyncConfig(WeightSyncConfig):
     mode: str = "disk"
-    """``disk`` (/update_weights_from_disk) or ``distributed`` (NCCL broadcast)."""
+    """``disk`` (/update_weights_from_disk) or ``distributed`` (a broadcast from the trainer)."""
     master_address: str = "127.0.0.1"
+    """Where the trainer serves the group's store; servers must reach it."""
     master_port: int = 29555
     group_name: str = "agentrl_weight_sync"
     backend: str = "nccl"
+    """``nccl`` (CUDA tensors; SGLang on GPUs) or ``gloo`` (CPU tensors; the embedded server
+    on CPU)."""
+    group_timeout_s: float = 600.0
+    """Longest wait for the servers to join, and for each broadcast."""
     ranks_per_server: int = 1
     """GPUs (tensor x pipeline ranks) of each SGLang server in the broadcast group."""
     sample_rows: int = 4
@@ -42,20 +66,23 @@ class SGLangSyncConfig(WeightSyncConfig):
 class SGLangWeightSync(DiskWeightSync):
     """SGLang's documented weight-update APIs.
 
-    ``mode="disk"``: ``POST /update_weights_from_disk {"model_path", "weight_version"}`` (the
-    embedded server implements it too; this path is tested against it).
+    ``mode="disk"``: ``POST /update_weights_from_disk {"model_path", "weight_version"}``.
     ``mode="distributed"``: once, ``POST /init_weights_update_group {"master_address",
     "master_port", "rank_offset", "world_size", "group_name", "backend"}`` while the trainer
-    joins the same group as rank 0; then per bucket ``POST /update_weights_from_distributed
-    {"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version"}`` while rank 0
-    broadcasts each tensor in that order. Written against SGLang's documentation; it needs GPUs
-    and a real SGLang server and has not been run here. A restarted server cannot rejoin an
-    existing broadcast group: re-pushing to a subset of servers works in disk mode only.
+    joins the same group as rank 0 (it serves the group's TCPStore on ``master_address``);
+    then per bucket ``POST /update_weights_from_distributed {"names", "dtypes", "shapes",
+    "group_name", "flush_cache", "weight_version"}`` while rank 0 broadcasts each tensor in
+    that order; the last bucket carries the version. A failed bucket drops the group (the next
+    push initialises a new one, which replaces the servers' group of that name); ``close()``
+    destroys it on the servers. Both modes ran against the embedded server (distributed: over
+    gloo on CPU); nccl and a real SGLang server have not been run here. A restarted server
+    cannot rejoin an existing broadcast group: re-pushing to a subset of servers works in disk
+    mode only.
     """
 
     Config = SGLangSyncConfig  # type: ignore[assignment]
     cfg: SGLangSyncConfig
-    hash_ahead = False  # SGLang servers are checked by sampled values, not full checksums
+    hash_ahead = False  # until each target showed /weights_checksum (``verify``)
 
     def __init__(self, client: InferenceClient, cfg: SGLangSyncConfig | None = None) -> None:
         super().__init__(client, cfg or SGLangSyncConfig())
@@ -63,8 +90,14 @@ class SGLangWeightSync(DiskWeightSync):
             raise ConfigError(
                 f"SGLangWeightSync mode must be disk or distributed, got {self.cfg.mode!r}."
             )
-        self._group: Any = None  # torch ProcessGroupNCCL (rank 0 of the update group)
+        self._group: UpdateGroup | None = None  # rank 0 of the update group (distributed)
+        self._checksums: dict[str, bool] = {}  # url -> serves /weights_checksum (embedded)
         self._samples: dict[str, torch.Tensor] = {}
+
+    def forget(self, url: str) -> None:
+        super().forget(url)
+        self._checksums.pop(url, None)
+        self._drop_group()  # a restarted server left the group: re-initialise on next push
 
     def _recording(self, named: Named) -> Iterator[tuple[str, torch.Tensor]]:
         self._samples = {}
@@ -85,17 +118,16 @@ class SGLangWeightSync(DiskWeightSync):
             )
         if self._group is None:
             self._group = await self._init_group()
-        urls = self.client.urls
         pending = None
         for bucket in buckets(named, self.cfg.bucket_bytes):
             if pending is not None:
-                await self._one_bucket(urls, pending, version, last=False)
+                await self._one_bucket(self._group, pending, version, last=False)
             pending = bucket
         if pending is not None:
-            await self._one_bucket(urls, pending, version, last=True)
+            await self._one_bucket(self._group, pending, version, last=True)
 
     async def _one_bucket(
-        self, urls: list[str], bucket: list[tuple[str, torch.Tensor]], version: int, last: bool
+        self, group: UpdateGroup, bucket: list[tuple[str, torch.Tensor]], version: int, last: bool
     ) -> None:
         body: dict[str, object] = {
             "names": [n for n, _ in bucket],
@@ -104,36 +136,83 @@ class SGLangWeightSync(DiskWeightSync):
             "flush_cache": last}  # fmt: skip
         if last:
             body["weight_version"] = str(version)
-        http, group = self.client.http, self._group
+        urls, http, nccl = self.client.urls, self.client.http, self.cfg.backend == "nccl"
 
-        def broadcast() -> None:
+        def broadcast() -> None:  # reads group.pg: a closed group's store (and port) is freed
             for _, t in bucket:
-                group.broadcast(t.cuda(), 0).wait()
+                sent = t.cuda() if nccl else t.detach().cpu()
+                group.pg.broadcast(sent.contiguous(), 0).wait()
 
-        await asyncio.gather(
+        t0 = time.perf_counter()
+        results = await asyncio.gather(
             *(call(http, "POST", u + "/update_weights_from_distributed", json=body) for u in urls),
-            asyncio.to_thread(broadcast),
-        )
+            asyncio.to_thread(broadcast), return_exceptions=True)  # fmt: skip
+        self.times.load_s += time.perf_counter() - t0
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            # Some rank may be out of step: start a fresh group on the next push (a server
+            # replaces its group of the same name on init).
+            self._drop_group()
+            raise failed[0]
 
-    async def _init_group(self) -> Any:
+    async def _init_group(self) -> UpdateGroup:
         c, urls = self.cfg, self.client.urls
+        if c.backend not in ("nccl", "gloo"):
+            raise ConfigError(f"SGLangSyncConfig.backend must be nccl or gloo, got {c.backend!r}.")
+        if c.backend == "nccl" and not torch.cuda.is_available():
+            raise ConfigError("backend nccl broadcasts CUDA tensors and this trainer has no "
+                              "GPU; use backend='gloo' (CPU) or mode='disk'.")  # fmt: skip
         world = 1 + len(urls) * c.ranks_per_server
-
-        def join() -> Any:
-            from torch.distributed import PrefixStore, ProcessGroupNCCL, TCPStore
-
-            store = TCPStore(c.master_address, c.master_port, world, is_master=True)
-            prefixed = PrefixStore(f"{c.group_name}/", store)
-            return ProcessGroupNCCL(prefixed, 0, world, ProcessGroupNCCL.Options())
-
+        sock = listen_socket(c.master_address, c.master_port)
+        join = partial(join_update_group, address=c.master_address, port=c.master_port, rank=0,
+                       world_size=world, group_name=c.group_name, backend=c.backend,
+                       timeout_s=c.group_timeout_s, listen_fd=sock.detach())  # fmt: skip
         posts = [call(self.client.http, "POST", u + "/init_weights_update_group", json={
             "master_address": c.master_address, "master_port": c.master_port,
             "rank_offset": 1 + i * c.ranks_per_server, "world_size": world,
             "group_name": c.group_name, "backend": c.backend}) for i, u in enumerate(urls)]  # fmt: skip
-        group, *_ = await asyncio.gather(asyncio.to_thread(join), *posts)
-        return group
+        joined = asyncio.ensure_future(asyncio.to_thread(join))
+        try:
+            await asyncio.gather(*posts)
+        except BaseException:
+            # A server refused: ours waits for it until group_timeout_s; answer now and close
+            # the group if it ever forms.
+            joined.add_done_callback(_close_late)
+            raise
+        return await joined
+
+    def _drop_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+
+    async def close(self) -> None:
+        """Leave the update group (servers destroy theirs) and remove temp files."""
+        if self._group is not None:
+            body = {"group_name": self.cfg.group_name}
+            for url in self.client.urls:
+                try:
+                    await call(self.client.http, "POST", url + "/destroy_weights_update_group",
+                               json=body, timeout=10.0)  # fmt: skip
+                except InferenceError as exc:
+                    logger.warning("destroying the update group on %s failed: %s", url, exc)
+            self._drop_group()
+        await super().close()
+
+    async def verify(self, *, targets: Targets | None = None) -> bool:
+        # Hash ahead only where every target showed /weights_checksum before (embedded
+        # servers); real SGLang is checked by sampled rows, not by hashing the whole model.
+        goal = self.targets(targets)
+        self.hash_ahead = bool(goal) and all(self._checksums.get(u) for u in goal)
+        return await super().verify(targets=targets)
+
+    async def _verify_sglang(self, http: httpx2.AsyncClient, url: str) -> ServerReport:
+        got = await super()._verify_sglang(http, url)
+        self._checksums.setdefault(url, True)  # _verify_by_name set False for real SGLang
+        return got
 
     async def _verify_by_name(self, http: httpx2.AsyncClient, url: str) -> ServerReport:
+        self._checksums[url] = False
         matched, bad = 0, []
         for name, rows in self._samples.items():
             got = await call(http, "POST", url + "/get_weights_by_name",
@@ -146,3 +225,11 @@ class SGLangWeightSync(DiskWeightSync):
         v = await make_dialect("sglang").weight_version(http, url)
         return ServerReport(matched=matched, mismatched=bad, unverifiable=0, version=v,
                             ok=matched > 0 and not bad and v == self.version)  # fmt: skip
+
+
+def _close_late(fut: asyncio.Future[UpdateGroup]) -> None:
+    """Close a group that formed after its push had failed (or drop its error)."""
+    if fut.cancelled():
+        return
+    if fut.exception() is None:
+        fut.result().close()
