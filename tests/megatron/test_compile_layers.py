@@ -91,3 +91,25 @@ def test_compiled_layers_match_eager_in_one_graph_each(megatron_group: None) -> 
     assert breaks == {}, f"graph breaks inside a decoder layer: {breaks}"
     # one graph, shared by all the layers: no split layer, no recompile per layer
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_ignore_while_tracing_backs_out_where_dynamo_cannot_log_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch 2.11's compile-metrics logger fails on a builtin in ignore_logging_functions: then
+    the function is taken back out and the caller falls back to the old behaviour."""
+    import torch._dynamo.utils as dynamo_utils
+
+    from trainers.engines.megatron.model import _ignore_while_tracing
+
+    def unloggable() -> str:
+        raise TypeError("Object of type builtin_function_or_method is not JSON serializable")
+
+    config = torch._dynamo.config
+    with config.patch(ignore_logging_functions=set()):
+        with monkeypatch.context() as m:
+            m.setattr(dynamo_utils, "_get_dynamo_config_for_logging", unloggable)
+            assert _ignore_while_tracing(print) is False
+            assert print not in config.ignore_logging_functions
+        assert _ignore_while_tracing(print) is True
+        assert print in config.ignore_logging_functions

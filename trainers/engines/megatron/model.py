@@ -230,11 +230,31 @@ def compile_layers(model: Any, mode: str = "default", backend: str = "inductor")
     """
     import warnings
 
-    ignored = getattr(torch._dynamo.config, "ignore_logging_functions", None)
-    if ignored is None:  # older torch: warnings split each layer into several graphs
+    if not _ignore_while_tracing(warnings.warn):
         logger.warning("this torch cannot ignore warnings.warn while tracing; expect graph breaks")
         torch._dynamo.config.reorderable_logging_functions.add(warnings.warn)
-    else:
-        ignored.add(warnings.warn)
     for layer in model.decoder.layers:
         layer.compile(mode=mode, backend=backend)
+
+
+def _ignore_while_tracing(fn: Any) -> bool:
+    """Add ``fn`` to dynamo's ``ignore_logging_functions``; False where that cannot work.
+
+    torch 2.11 introduced the set but its compile-metrics logger JSON-encodes the dynamo config
+    with the set in it (pytorch/pytorch#178455), so a builtin such as ``warnings.warn`` there
+    fails every compile. That logger is tried once here; on failure ``fn`` is taken back out.
+    """
+    ignored = getattr(torch._dynamo.config, "ignore_logging_functions", None)
+    if ignored is None:
+        return False
+    ignored.add(fn)
+    try:
+        from torch._dynamo.utils import _get_dynamo_config_for_logging
+    except ImportError:
+        return True
+    try:
+        _get_dynamo_config_for_logging()
+    except TypeError:
+        ignored.discard(fn)
+        return False
+    return True
