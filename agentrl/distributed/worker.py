@@ -12,7 +12,9 @@ is rank 0 of a world of one (handy in unit tests).
 
 The host is started in two steps so that rank 0 can pick the rendezvous port before any user
 code runs: a Worker whose ``__init__`` joins a collective would otherwise block rank 0 before
-the other ranks learn the port.
+the other ranks learn the port. Rank 0 picks it by listening on 127.0.0.1 port 0 and keeps
+that socket for its rendezvous store, so the store listens on loopback only and no other
+process can take the port in between (``rendezvous.py``).
 """
 
 from __future__ import annotations
@@ -132,10 +134,13 @@ class Worker:
         return DataLayout(dp_rank=self.rank, dp_size=self.world_size)
 
     def init_process_group(self, timeout_s: float = 300.0) -> None:
-        """Join the group's torch.distributed world (``env://``); a no-op if already joined."""
-        import datetime
+        """Join the group's torch.distributed world; a no-op if already joined.
 
+        Rank 0 serves the rendezvous store on the master address only (see ``rendezvous``).
+        """
         import torch.distributed as dist
+
+        from agentrl.distributed.rendezvous import init_process_group_bound
 
         if dist.is_initialized():
             return
@@ -145,12 +150,13 @@ class Worker:
             import torch
 
             torch.cuda.set_device(0)
-        dist.init_process_group(
+        init_process_group_bound(
             backend=ctx.backend,
-            init_method="env://",
+            master_addr=ctx.master_addr,
+            master_port=ctx.master_port,
             rank=ctx.rank,
             world_size=ctx.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout_s=timeout_s,
         )
 
 
@@ -176,7 +182,7 @@ class HostInfo:
     node_id: str
     node_ip: str
     gpu_ids: tuple[int, ...]
-    port: int | None  # a free port, picked on rank 0 only
+    port: int | None  # rank 0 only: the port it listens on for the rendezvous (on loopback)
 
 
 class WorkerHost:
@@ -187,13 +193,15 @@ class WorkerHost:
         self.worker: Worker | None = None
 
     def describe(self, pick_port: bool) -> HostInfo:
+        from agentrl.distributed.rendezvous import reserve_port
+
         ctx = ray.get_runtime_context()
         return HostInfo(
             pid=os.getpid(),
             node_id=ctx.get_node_id(),
             node_ip=ray.util.get_node_ip_address(),
             gpu_ids=tuple(int(g) for g in ray.get_gpu_ids()),
-            port=free_port() if pick_port else None,
+            port=reserve_port() if pick_port else None,
         )
 
     def start(

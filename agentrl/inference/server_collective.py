@@ -350,21 +350,3 @@ def check_init(req: InitGroupRequest, device: str) -> str:
     if req.timeout_s <= 0:
         raise ConfigError(f"timeout_s must be > 0, got {req.timeout_s}.")
     return backend
-
-
-def listen_socket(address: str, port: int) -> socket.socket:
-    """A listening socket on ``address:port`` for rank 0's store (TCPStore would listen on
-    every interface); ConfigError naming the port when it is taken."""
-    family, kind, _, _, addr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(addr)
-        sock.listen(1024)
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(
-            f"cannot listen on {address}:{port} for the weights update group ({exc}); set "
-            "master_port to a free port."
-        ) from exc
-    return sock

@@ -17,10 +17,11 @@ from transformers import AutoModelForCausalLM
 from agentrl.errors import InferenceError
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.launch import ServerProcess, free_port
-from agentrl.inference.server_collective import join_update_group, listen_socket
+from agentrl.inference.server_collective import join_update_group
 from agentrl.inference.weight_sync import SGLangWeightSync
 from agentrl.inference.weight_sync.base import buckets
 from agentrl.inference.weights import checksum_named_tensors
+from agentrl.sockets import listen_socket
 
 PROMPT = [5, 6, 7, 8, 9]
 BUCKET = 32 << 10  # the tiny model's tensors make several buckets

@@ -31,7 +31,7 @@ from agentrl.errors import ConfigError, InferenceError
 from agentrl.inference.backends import make_dialect
 from agentrl.inference.backends.base import call
 from agentrl.inference.client import InferenceClient
-from agentrl.inference.server_collective import UpdateGroup, join_update_group, listen_socket
+from agentrl.inference.server_collective import UpdateGroup, join_update_group
 from agentrl.inference.weight_sync.base import (
     Named,
     ServerReport,
@@ -40,6 +40,7 @@ from agentrl.inference.weight_sync.base import (
     buckets,
 )
 from agentrl.inference.weight_sync.disk import DiskWeightSync
+from agentrl.sockets import listen_socket
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,9 @@ class SGLangWeightSync(DiskWeightSync):
             raise ConfigError("backend nccl broadcasts CUDA tensors and this trainer has no "
                               "GPU; use backend='gloo' (CPU) or mode='disk'.")  # fmt: skip
         world = 1 + len(urls) * c.ranks_per_server
-        sock = listen_socket(c.master_address, c.master_port)
+        sock = listen_socket(
+            c.master_address, c.master_port, purpose="the weights update group (set master_port)"
+        )
         join = partial(join_update_group, address=c.master_address, port=c.master_port, rank=0,
                        world_size=world, group_name=c.group_name, backend=c.backend,
                        timeout_s=c.group_timeout_s, listen_fd=sock.detach())  # fmt: skip

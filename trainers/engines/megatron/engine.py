@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -65,14 +64,18 @@ def _use_fused_torch_adam(optimizer: Any) -> None:
 
 
 def _init_process_group() -> None:
+    """Join torch.distributed from the launcher's env (rank 0's store on MASTER_ADDR only)."""
+    from agentrl.distributed.rendezvous import init_process_group_bound, init_process_group_from_env
+
     if dist.is_initialized():
         return
-    if "RANK" not in os.environ:  # one process, no launcher
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if "RANK" not in os.environ:  # one process, no launcher: any free port on loopback
+        init_process_group_bound(
+            backend=backend, master_addr="127.0.0.1", master_port=0, rank=0, world_size=1
+        )
+    else:
+        init_process_group_from_env(backend)
 
 
 class MegatronEngine(Engine):
