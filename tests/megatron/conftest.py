@@ -9,8 +9,6 @@ in the tests, only.
 from __future__ import annotations
 
 import importlib.util
-import os
-import socket
 import sys
 import types
 from collections.abc import Iterator
@@ -46,12 +44,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.megatron)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="package")
 def megatron_group() -> Iterator[None]:
     """torch.distributed (gloo, world size 1) and Megatron's parallel state, TP = PP = 1.
@@ -66,9 +58,10 @@ def megatron_group() -> Iterator[None]:
 
     started = not dist.is_initialized()
     if started:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(_free_port())
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        from agentrl.distributed.rendezvous import init_process_group_bound
+
+        init_process_group_bound(backend="gloo", master_addr="127.0.0.1", master_port=0,
+                                 rank=0, world_size=1)  # fmt: skip
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     patch = pytest.MonkeyPatch()

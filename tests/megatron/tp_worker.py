@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -15,12 +14,13 @@ def run(rank: int, port: int, model_path: str, out_dir: str) -> None:
     import torch.distributed as dist
     from test_torch_engine import make_batch
 
+    from agentrl.distributed.rendezvous import init_process_group_bound
     from agentrl.engine import EngineConfig
     from trainers.engines import ENGINES
     from trainers.engines.megatron.engine import MegatronConfig
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    init_process_group_bound(backend="gloo", master_addr="127.0.0.1", master_port=port,
+                             rank=rank, world_size=2)  # fmt: skip
     if not torch.cuda.is_available():
         torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     cfg = EngineConfig(model_path=model_path, device="cpu", role="ref", micro_batch_size=2)

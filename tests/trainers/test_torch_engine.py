@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import socket
 from pathlib import Path
@@ -247,9 +246,11 @@ def _shards(batch: TrainBatch) -> list[TrainBatch]:
 def _fsdp_rank(rank: int, world: int, port: int, model_path: str, out: str) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from agentrl.distributed.rendezvous import init_process_group_bound
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_process_group_bound(backend="gloo", master_addr="127.0.0.1", master_port=port,
+                             rank=rank, world_size=world)  # fmt: skip
     try:
         shard = _shards(make_batch(seed=9))[rank]
         e = engine(model_path, lr=1e-3, micro_batch_size=2)
