@@ -51,6 +51,12 @@ def json_response(obj: object, status: int = 200) -> Response:
     return Response(json.dumps(obj, separators=(",", ":")), status, media_type="application/json")
 
 
+def update_failure(message: str, status: int = 400) -> Response:
+    """The answer of a refused weight update: SGLang's ``success``/``message`` fields plus ours."""
+    return json_response({"success": False, "message": message, "error": {"message": message}},
+                         status)  # fmt: skip
+
+
 def error_response(message: str, status: int = 400) -> Response:
     kind = "BadRequestError" if status < 500 else "InternalServerError"
     return json_response(error_body(message, status=status, kind=kind), status)

@@ -222,15 +222,12 @@ def add_collective_routes(
 ) -> None:
     """Register the three endpoints. ``apply`` copies a bucket into the model between steps
     (``server_weights``); ``model`` is the served state_dict (names and shapes)."""
-    from agentrl.inference.server import json_response, parse_body
+    from agentrl.inference.server import json_response, parse_body, update_failure
     from agentrl.inference.server_weights import parse_version
 
     engine = state.engine
     groups: dict[str, UpdateGroup] = {}
     joining = asyncio.Lock()
-
-    def failure(message: str, status: int = 400) -> Response:
-        return json_response({"success": False, "message": message, "error": {"message": message}}, status)  # fmt: skip
 
     def drop(name: str) -> None:
         group = groups.pop(name, None)
@@ -243,7 +240,7 @@ def add_collective_routes(
             req = parse_body(InitGroupRequest, await request.body())
             backend = check_init(req, str(engine.cfg.device))
         except ConfigError as exc:
-            return failure(str(exc))
+            return update_failure(str(exc))
         async with joining:
             drop(req.group_name)  # re-init replaces the group of that name
             try:
@@ -252,7 +249,7 @@ def add_collective_routes(
                     rank=req.rank_offset, world_size=req.world_size, group_name=req.group_name,
                     backend=backend, timeout_s=req.timeout_s)  # fmt: skip
             except Exception as exc:  # store or group failed: nothing was registered
-                return failure(
+                return update_failure(
                     f"Failed to initialize weights update group {req.group_name!r}: {exc}"
                 )
             groups[req.group_name] = group
@@ -267,7 +264,7 @@ def add_collective_routes(
             drop(name)
             message += (f" Nothing was received, so the group {name!r} was dropped; "
                         "POST /init_weights_update_group again.")  # fmt: skip
-        return failure(message)
+        return update_failure(message)
 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(request: Request) -> Response:
@@ -278,7 +275,7 @@ def add_collective_routes(
             return refuse(str(exc), _group_of(body))
         group = groups.get(req.group_name)
         if group is None:
-            return failure(f"no weights update group {req.group_name!r} (known: {sorted(groups)}); "
+            return update_failure(f"no weights update group {req.group_name!r} (known: {sorted(groups)}); "
                            "POST /init_weights_update_group first.")  # fmt: skip
         try:
             version = parse_version(req.weight_version)
@@ -293,12 +290,14 @@ def add_collective_routes(
             except Exception as exc:  # timeout, or rank 0 went away: the group is out of step
                 if groups.get(req.group_name) is group:
                     drop(req.group_name)
-                return failure(f"receiving {len(plan)} tensor(s) from rank 0 of "
+                return update_failure(f"receiving {len(plan)} tensor(s) from rank 0 of "
                                f"{req.group_name!r} failed ({exc}); the group was dropped and "
                                "the weights are unchanged: POST /init_weights_update_group "
                                "again.", 500)  # fmt: skip
         if wrong is not None:
-            return failure(f"{wrong} The bucket was received and discarded; nothing was applied.")
+            return update_failure(
+                f"{wrong} The bucket was received and discarded; nothing was applied."
+            )
         new = await apply(named, version, req.abort_all_requests)
         return json_response({"success": True, "message": f"applied {len(named)} tensors",
                               "weight_version": new})  # fmt: skip
@@ -308,9 +307,9 @@ def add_collective_routes(
         try:
             req = parse_body(DestroyGroupRequest, await request.body())
         except ConfigError as exc:
-            return failure(str(exc))
+            return update_failure(str(exc))
         if req.group_name not in groups:
-            return failure(f"no weights update group {req.group_name!r} to destroy "
+            return update_failure(f"no weights update group {req.group_name!r} to destroy "
                            f"(known: {sorted(groups)}).")  # fmt: skip
         drop(req.group_name)
         return json_response({"success": True, "message": f"destroyed {req.group_name!r}"})

@@ -129,7 +129,12 @@ def _checksum_threads() -> int:
 
 
 def add_control_routes(app: FastAPI, state: ServerState) -> None:
-    from agentrl.inference.server import error_response, json_response, parse_body
+    from agentrl.inference.server import (
+        error_response,
+        json_response,
+        parse_body,
+        update_failure,
+    )
 
     engine = state.engine
     shapes = {n: t for n, t in engine.model.state_dict().items()}
@@ -174,9 +179,7 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
             async with lock:
                 new = await apply(named, version, req.abort_all_requests)
         except ConfigError as exc:
-            return json_response(
-                {"success": False, "message": str(exc), "error": {"message": str(exc)}}, 400
-            )
+            return update_failure(str(exc))
         return json_response({"success": True, "message": f"loaded {len(named)} tensors from {req.model_path}",
                               "num_paused_requests": 0, "weight_version": new})  # fmt: skip
 
@@ -200,9 +203,7 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
                 staged.clear()
                 new = await apply(batch, version, _flag(request, "abort_all_requests", False))
         except ConfigError as exc:
-            return json_response(
-                {"success": False, "message": str(exc), "error": {"message": str(exc)}}, 400
-            )
+            return update_failure(str(exc))
         return json_response({"success": True, "message": f"applied {len(batch)} tensors",
                               "weight_version": new})  # fmt: skip
 
@@ -217,9 +218,7 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
             async with lock:
                 new = await apply(named, version, req.abort_all_requests)
         except ConfigError as exc:
-            return json_response(
-                {"success": False, "message": str(exc), "error": {"message": str(exc)}}, 400
-            )
+            return update_failure(str(exc))
         n = len(named)
         del named  # drops the mapping of the trainer's memory
         return json_response({"success": True, "message": f"applied {n} tensors from {req.path}",
