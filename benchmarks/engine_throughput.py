@@ -14,12 +14,14 @@ token) and one ``optimizer_step``. Reported after ``warmup`` steps, over ``steps
                embedding) + 6 * layers * hidden * seq (causal attention, forward + backward)
     peak GiB   torch.cuda.max_memory_allocated
 
-Engines: ``torch`` (transformers + SDPA, autocast bf16, fp32 master weights), ``megatron``
+Engines: ``torch`` (transformers + SDPA, autocast bf16, fp32 master weights), ``torch-compile``
+(the same with every HF decoder layer ``torch.compile``d), ``megatron``
 (GPTModel, local spec with SDPA core attention, bf16 params + fp32 distributed Adam) and
 ``megatron-local`` (Megatron's own unfused local attention, for reference),
 ``megatron-compile`` (``megatron`` with every decoder layer ``torch.compile``d) and
 ``megatron-compile-foreach`` (the same with torch's foreach AdamW instead of the fused one) and
-``megatron-compile-max`` (the layers compiled with ``max-autotune-no-cudagraphs``).
+``megatron-compile-max`` (the layers compiled with ``max-autotune-no-cudagraphs``) and
+``megatron-compile-cg`` (``reduce-overhead``: each compiled layer replayed as a CUDA graph).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import time
 from pathlib import Path
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+COMPILE_MODES = {"max": "max-autotune-no-cudagraphs", "cg": "reduce-overhead"}
 
 
 def _batch(rows: int, seq: int, vocab: int):  # type: ignore[no-untyped-def]
@@ -86,7 +89,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, float | str]:
         micro_batch_size=args.batch,
         logprob_chunk_tokens=4096,
     )
-    if args.engine == "torch":
+    if args.engine in ("torch", "torch-compile"):
         engine = ENGINES.make("torch", config=cfg)
     else:
         from trainers.engines.megatron.config import MegatronConfig
@@ -94,11 +97,14 @@ def run_engine(args: argparse.Namespace) -> dict[str, float | str]:
         par = MegatronConfig(
             sdpa_attention=args.engine != "megatron-local",
             compile_layers="compile" in args.engine,
-            compile_mode="max-autotune-no-cudagraphs" if "max" in args.engine else "default",
+            compile_mode=COMPILE_MODES.get(args.engine.rsplit("-", 1)[-1], "default"),
             fused_adam="foreach" not in args.engine,
         )
         engine = ENGINES.make("megatron", config=cfg, parallel=par)
     engine.initialize()
+    if args.engine == "torch-compile":  # the HF model's decoder layers, as compile_layers does
+        for layer in engine.scorer.model.model.layers:  # type: ignore[attr-defined]
+            layer.compile()
     batch = _batch(args.batch, args.seq, hf.vocab_size)
     for _ in range(args.warmup):
         engine.forward_backward(batch, _nll)

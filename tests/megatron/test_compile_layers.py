@@ -93,23 +93,17 @@ def test_compiled_layers_match_eager_in_one_graph_each(megatron_group: None) -> 
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_ignore_while_tracing_backs_out_where_dynamo_cannot_log_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """torch 2.11's compile-metrics logger fails on a builtin in ignore_logging_functions: then
-    the function is taken back out and the caller falls back to the old behaviour."""
-    import torch._dynamo.utils as dynamo_utils
+def test_megatron_warnings_still_fire_in_eager_code(megatron_group: None) -> None:
+    """The shim only hides warnings from dynamo: eager callers of ``megatron.core.utils`` still
+    get the warning, attributed to their own line."""
+    import megatron.core.utils as mcore_utils
 
-    from trainers.engines.megatron.model import _ignore_while_tracing
+    from trainers.engines.megatron.model import compile_layers
 
-    def unloggable() -> str:
-        raise TypeError("Object of type builtin_function_or_method is not JSON serializable")
-
-    config = torch._dynamo.config
-    with config.patch(ignore_logging_functions=set()):
-        with monkeypatch.context() as m:
-            m.setattr(dynamo_utils, "_get_dynamo_config_for_logging", unloggable)
-            assert _ignore_while_tracing(print) is False
-            assert print not in config.ignore_logging_functions
-        assert _ignore_while_tracing(print) is True
-        assert print in config.ignore_logging_functions
+    compile_layers(_model(0), backend="aot_eager")
+    with pytest.warns(DeprecationWarning, match="tp_group is None") as record:
+        mcore_utils.get_tensor_model_parallel_group_if_none(None)
+    assert record[0].filename == __file__
+    compile_layers(_model(0), backend="aot_eager")  # a second engine: no shim on the shim
+    assert mcore_utils.warnings.warn is not __import__("warnings").warn
+    assert mcore_utils.warnings.catch_warnings is __import__("warnings").catch_warnings

@@ -16,6 +16,8 @@ The vocabulary is padded to a multiple of ``vocab_multiple * tensor_parallel_siz
 from __future__ import annotations
 
 import logging
+import types
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,41 +222,35 @@ def compile_layers(model: Any, mode: str = "default", backend: str = "inductor")
     """torch.compile every decoder layer of ``model``, each into one graph (one region).
 
     Megatron's linear layers call ``warnings.warn("... tp_group is None ...", DeprecationWarning)``
-    inside forward (``RowParallelLinear`` passes ``tp_group=None`` to its matmul helper). Dynamo
-    cannot reorder a warning that takes a class argument, and the call sits inside Megatron's
-    activation-offloading context manager, so every linear split its layer: ~10 compiled regions
-    per layer, each paying host time in forward and again in backward. ``warnings.warn`` is
-    therefore ignored while tracing (eager code still warns); the layers then trace whole
-    (padded ``sbhd`` inputs; the packed THD path still breaks on Megatron's THD RoPE) and, being
-    one code object, share one graph.
+    inside forward (``RowParallelLinear`` passes ``tp_group=None`` to its matmul helper in
+    ``megatron.core.utils``). Dynamo cannot reorder a warning that takes a class argument, so
+    every linear split its layer: ~10 compiled regions per layer, each paying host time in
+    forward and again in backward. ``megatron.core.utils`` therefore gets a ``warnings`` whose
+    ``warn`` returns at once while dynamo traces and warns as before in eager code. Dynamo's own
+    switch for this (``ignore_logging_functions``) breaks every compile on torch 2.11
+    (pytorch/pytorch#178455), so it is not used. The layers then trace whole (padded ``sbhd``
+    inputs; the packed THD path still breaks on Megatron's THD RoPE) and, being one code
+    object, share one graph.
     """
-    import warnings
+    import megatron.core.utils as mcore_utils
 
-    if not _ignore_while_tracing(warnings.warn):
-        logger.warning("this torch cannot ignore warnings.warn while tracing; expect graph breaks")
-        torch._dynamo.config.reorderable_logging_functions.add(warnings.warn)
+    if not isinstance(mcore_utils.warnings, _QuietWhileTracing):
+        mcore_utils.warnings = _QuietWhileTracing()  # type: ignore[assignment]
     for layer in model.decoder.layers:
         layer.compile(mode=mode, backend=backend)
 
 
-def _ignore_while_tracing(fn: Any) -> bool:
-    """Add ``fn`` to dynamo's ``ignore_logging_functions``; False where that cannot work.
+class _QuietWhileTracing(types.ModuleType):
+    """The ``warnings`` module, except that ``warn`` does nothing while dynamo traces."""
 
-    torch 2.11 introduced the set but its compile-metrics logger JSON-encodes the dynamo config
-    with the set in it (pytorch/pytorch#178455), so a builtin such as ``warnings.warn`` there
-    fails every compile. That logger is tried once here; on failure ``fn`` is taken back out.
-    """
-    ignored = getattr(torch._dynamo.config, "ignore_logging_functions", None)
-    if ignored is None:
-        return False
-    ignored.add(fn)
-    try:
-        from torch._dynamo.utils import _get_dynamo_config_for_logging
-    except ImportError:
-        return True
-    try:
-        _get_dynamo_config_for_logging()
-    except TypeError:
-        ignored.discard(fn)
-        return False
-    return True
+    def __init__(self) -> None:
+        super().__init__("warnings")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(warnings, name)
+
+    @staticmethod
+    def warn(message: Any, category: Any = None, stacklevel: int = 1, source: Any = None) -> None:
+        if torch.compiler.is_compiling():
+            return
+        warnings.warn(message, category, stacklevel + 1, source)
