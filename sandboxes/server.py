@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    from agentrl.toolserver.http import check_bind
+    from agentrl.toolserver.http import SERVER_LOOP, check_bind
 
     p = argparse.ArgumentParser(prog="python -m sandboxes.server", description=main.__doc__)
     p.add_argument("--host", default="127.0.0.1")
@@ -388,7 +388,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     check_bind(a.host, a.token)
     cfg = SandboxServer.Config(token=a.token, backend=a.backend, max_sandboxes=a.max_sandboxes)
-    uvicorn.run(SandboxServer(cfg).app(), host=a.host, port=a.port, log_level="warning")
+    uvicorn.run(SandboxServer(cfg).app(), host=a.host, port=a.port, log_level="warning",
+                loop=SERVER_LOOP)  # fmt: skip
 
 
 if __name__ == "__main__":

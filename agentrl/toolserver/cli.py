@@ -17,7 +17,7 @@ import typer
 from agentrl.errors import ConfigError
 from agentrl.registry import load_entry_point
 from agentrl.tool import ToolSet
-from agentrl.toolserver.http import TOKEN_ENV, check_bind
+from agentrl.toolserver.http import SERVER_LOOP, TOKEN_ENV, check_bind
 
 logger = logging.getLogger(__name__)
 
@@ -75,4 +75,5 @@ def tools_serve(
     )  # fmt: skip
     server = build_server(load_toolset(factory), config)
     logger.info("serving %r on http://%s:%d", server.tools, host, port)
-    uvicorn.run(server.app(), host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(server.app(), host=host, port=port, log_level="warning", access_log=False,
+                loop=SERVER_LOOP)  # fmt: skip

@@ -10,6 +10,11 @@ client's ``request_id`` (a retried request returns the first answer, it never ru
 -> JSON. ``TokenBucket`` rate-limits a session. ``ApiClient`` is the client side (httpx2, a
 client per event loop, retries of transport failures). ``ServerThread`` runs an app under
 uvicorn in a background thread (tests, embedding); ``agentrl tools serve`` runs it in the main one.
+
+Servers run on asyncio's own event loop (``SERVER_LOOP``), not uvloop: libuv (1.45+) accepts
+one connection per loop iteration, and a loop busy starting sandbox processes then takes
+seconds to take in a burst of new connections (200 sessions opening connections at once: the
+last waited ~10 s to be accepted); asyncio accepts all pending connections at once.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ T = TypeVar("T")
 TOKEN_ENV = "AGENTRL_TOOL_TOKEN"
 NO_DOCS: dict[str, Any] = {"docs_url": None, "redoc_url": None, "openapi_url": None}
 """FastAPI kwargs: no unauthenticated /docs, /redoc or /openapi.json."""
+SERVER_LOOP = "asyncio"
+"""uvicorn's ``loop`` for these servers: asyncio accepts every pending connection per loop
+iteration, uvloop only one (see the module docstring). The cost: on Python 3.11 asyncio waits
+for each child process from a thread of its own (two per local sandbox: agent and bash)."""
 
 
 class ApiError(Exception):
@@ -244,7 +253,8 @@ class ServerThread:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
         import uvicorn
 
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                                loop=SERVER_LOOP)  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="uvicorn")
         self.host = host

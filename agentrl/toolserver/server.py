@@ -1,7 +1,8 @@
 """The tool server: a ToolSet over HTTP, one sandbox per session.
 
     server = ToolServer(swe_toolset(), ToolServer.Config(token="s3cret", sandbox="local"))
-    uvicorn.run(server.app(), host="127.0.0.1", port=8770)     # or: agentrl tools serve ...
+    uvicorn.run(server.app(), host="127.0.0.1", port=8770, loop=SERVER_LOOP)  # not uvloop
+    # or: agentrl tools serve ...    (SERVER_LOOP: agentrl.toolserver.http explains why)
 
     POST   /sessions                    -> {"session_id", "tools"}   (a sandbox from the pool)
     GET    /tools                       -> [OpenAI function-tool schema, ...]
