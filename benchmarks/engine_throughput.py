@@ -2,6 +2,9 @@
 
     python benchmarks/engine_throughput.py                       # ~370M Llama, seq 2048, batch 8
     python benchmarks/engine_throughput.py --layers 4 --steps 3  # quick
+    python benchmarks/engine_throughput.py --rounds 3            # interleaved, median per engine
+    python benchmarks/engine_throughput.py --device cpu --engines torch,torch-compile \
+        --layers 2 --hidden 64 --heads 4 --seq 64 --batch 2 --model /tmp/tiny_bench  # smoke
 
 Builds one Llama-shaped model with ``agentrl.tiny.make_tiny_model`` (hidden 1024, 22 layers,
 16 heads, FFN 4096, the tiny tokenizer's ~1k vocabulary: ~370M parameters), then runs each
@@ -24,18 +27,37 @@ Engines: ``torch`` (transformers + SDPA, autocast bf16, fp32 master weights), ``
 ``megatron-compile-cg`` (``reduce-overhead``: each compiled layer replayed as a CUDA graph).
 The default list is ``torch,torch-compile,megatron,megatron-compile,megatron-compile-max``
 (``megatron-compile-max`` autotunes its kernels first: about two minutes on an H200).
+
+The Megatron step is host-bound, so its figures move with the host's load: ``--rounds N``
+runs the whole list N times, interleaved, and reports each engine's median and range (every
+run is in ``--json``). ``--device cpu`` runs the torch engines in fp32 on the CPU (peak memory
+is then the process's peak RSS, no MFU): a smoke test of the script, not a figure to quote.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+BASELINES = ("torch", "torch-compile")
+ENGINE_NAMES = [
+    "torch",
+    "torch-compile",
+    "megatron",
+    "megatron-local",
+    "megatron-compile",
+    "megatron-compile-foreach",
+    "megatron-compile-max",
+    "megatron-compile-cg",
+]
 DEFAULT_ENGINES = "torch,torch-compile,megatron,megatron-compile,megatron-compile-max"
 COMPILE_MODES = {"max": "max-autotune-no-cudagraphs", "cg": "reduce-overhead"}
 
@@ -83,11 +105,12 @@ def run_engine(args: argparse.Namespace) -> dict[str, float | str]:
     from agentrl.engine import EngineConfig
     from trainers.engines import ENGINES
 
+    cuda = args.device == "cuda"
     hf = AutoConfig.from_pretrained(args.model)
     cfg = EngineConfig(
         model_path=args.model,
-        dtype="bfloat16",
-        device="cuda",
+        dtype="bfloat16" if cuda else "float32",
+        device=args.device,
         lr=1e-5,
         micro_batch_size=args.batch,
         logprob_chunk_tokens=4096,
@@ -112,26 +135,31 @@ def run_engine(args: argparse.Namespace) -> dict[str, float | str]:
     for _ in range(args.warmup):
         engine.forward_backward(batch, _nll)
         engine.optimizer_step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(args.steps):
         loss = engine.forward_backward(batch, _nll)["train/loss"]
         engine.optimizer_step()
-    torch.cuda.synchronize()
+    sync()
     elapsed = time.perf_counter() - start
     if args.profile:
         _profile(engine, batch)
     tokens = args.batch * args.seq * args.steps
     n = sum(t.numel() for name, t in engine.named_weights() if "embed_tokens" not in name)
     flops_per_token = 6 * n + 6 * hf.num_hidden_layers * hf.hidden_size * args.seq
-    name = torch.cuda.get_device_name()
+    name = torch.cuda.get_device_name() if cuda else "cpu"
     peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), 989.0)
     return {
         "engine": args.engine,
         "tokens_per_s": tokens / elapsed,
-        "mfu": tokens / elapsed * flops_per_token / (peak * 1e12),
-        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "mfu": tokens / elapsed * flops_per_token / (peak * 1e12) if cuda else float("nan"),
+        # on CPU: the process's peak resident memory (ru_maxrss is in KiB on Linux)
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30
+        if cuda
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "step_s": elapsed / args.steps,
         "loss": loss,
         "params_non_embedding": n,
@@ -153,7 +181,14 @@ def main() -> None:
     p.add_argument("--model", default="/tmp/agentrl_bench_model")
     p.add_argument("--engine", help="run one engine in this process (used by the driver)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="run the engine list this many times, interleaved"
+    )
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of the torch engines")
     args = p.parse_args()
+    unknown = [e for e in args.engines.split(",") if e not in ENGINE_NAMES]
+    if unknown:
+        p.error(f"unknown engine(s) {unknown}; pick from {', '.join(ENGINE_NAMES)}")
     if args.engine:
         print("RESULT " + json.dumps(run_engine(args)), flush=True)
         return
@@ -170,48 +205,65 @@ def main() -> None:
             vocab_size=1024,
         )
     results = []
-    for engine in args.engines.split(","):
-        cmd = [sys.executable, __file__, "--engine", engine, "--model", args.model]
-        cmd += [f"--{k}={getattr(args, k)}" for k in ("seq", "batch", "steps", "warmup")]
-        cmd += ["--profile"] if args.profile else []
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if args.profile:
-            start = proc.stderr.find("----")
+    for round_ in range(args.rounds):
+        for engine in args.engines.split(","):
+            r = _run_one(engine, args)
+            if r is None:
+                continue
+            results.append({**r, "round": round_})
             print(
-                f"{engine} top CUDA kernels:\n{proc.stderr[max(start - 200, 0) :][:5000]}",
+                f"round {round_}: {engine}: {r['tokens_per_s']:.0f} tokens/s, "
+                f"{r['step_s'] * 1e3:.0f} ms/step, {r['peak_gib']:.1f} GiB",
                 flush=True,
             )
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            print(f"{engine} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}", flush=True)
-            continue
-        results.append(json.loads(line[len("RESULT ") :]))
-        r = results[-1]
-        print(
-            f"{engine}: {r['tokens_per_s']:.0f} tokens/s, {r['step_s'] * 1e3:.0f} ms/step, "
-            f"{r['peak_gib']:.1f} GiB",
-            flush=True,
-        )
-        if args.json:  # kept up to date: a run cut short still leaves what it measured
-            Path(args.json).write_text(json.dumps(results, indent=1))
-    speed = {r["engine"]: r["tokens_per_s"] for r in results}
-    print(
-        f"{'engine':20} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'vs torch':>9} "
-        f"{'vs torch-compile':>17} {'loss':>8}"
-    )
+            if args.json:  # kept up to date: a run cut short still leaves what it measured
+                Path(args.json).write_text(json.dumps(results, indent=1))
+    _print_table(results, args)
+
+
+def _run_one(engine: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    """One engine in a fresh process; its figures, or None (and its output) when it failed."""
+    cmd = [sys.executable, __file__, "--engine", engine, "--model", args.model]
+    cmd += [f"--{k}={getattr(args, k)}" for k in ("seq", "batch", "steps", "warmup", "device")]
+    cmd += ["--profile"] if args.profile else []
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if args.profile:
+        start = proc.stderr.find("----")
+        print(f"{engine} top CUDA kernels:\n{proc.stderr[max(start - 200, 0) :][:5000]}")
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        print(f"{engine} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}", flush=True)
+        return None
+    result: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    return result
+
+
+def _print_table(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Per engine: the median over rounds (and the range when there were several rounds)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
     for r in results:
-        ratios = [
-            f"{r['tokens_per_s'] / speed[b]:.2f}x" if b in speed else "-"
-            for b in ("torch", "torch-compile")
-        ]
+        runs.setdefault(r["engine"], []).append(r)
+    speed = {e: statistics.median(x["tokens_per_s"] for x in rs) for e, rs in runs.items()}
+    print(
+        f"{'engine':20} {'tokens/s':>10} {'range':>15} {'MFU':>6} {'peak GiB':>9} "
+        f"{'vs torch':>9} {'vs torch-compile':>17} {'loss':>8}"
+    )
+    for engine, rs in runs.items():
+        lo, hi = min(x["tokens_per_s"] for x in rs), max(x["tokens_per_s"] for x in rs)
+        spread = f"{lo:.0f}-{hi:.0f}" if len(rs) > 1 else "-"
+        ratios = [f"{speed[engine] / speed[b]:.2f}x" if b in speed else "-" for b in BASELINES]
+        mfu = statistics.median(x["mfu"] for x in rs)
+        mfu_text = f"{mfu:.1%}" if mfu == mfu else "-"  # NaN on CPU
         print(
-            f"{r['engine']:20} {r['tokens_per_s']:10.0f} {r['mfu']:6.1%} {r['peak_gib']:9.1f} "
-            f"{ratios[0]:>9} {ratios[1]:>17} {r['loss']:8.4f}"
+            f"{engine:20} {speed[engine]:10.0f} {spread:>15} {mfu_text:>6} "
+            f"{max(x['peak_gib'] for x in rs):9.1f} {ratios[0]:>9} {ratios[1]:>17} "
+            f"{rs[-1]['loss']:8.4f}"
         )
     if results:
         print(
             f"model: {results[0]['params_non_embedding'] / 1e6:.0f}M non-embedding params, "
-            f"seq {args.seq}, batch {args.batch}, bf16, {results[0]['device']}"
+            f"seq {args.seq}, batch {args.batch}, {results[0]['device']}, "
+            f"{args.rounds} round(s), median per engine"
         )
 
 
