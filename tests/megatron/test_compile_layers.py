@@ -93,6 +93,26 @@ def test_compiled_layers_match_eager_in_one_graph_each(megatron_group: None) -> 
     assert counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.skipif(not _dynamo_works(), reason="torch.compile does not run on this platform")
+def test_varying_sequence_lengths_compile_twice_not_per_length(megatron_group: None) -> None:
+    """RL batches are padded to each batch's longest sequence, so the length changes every step:
+    the first length compiles a static graph, the second a dynamic one that serves the rest
+    (a recompile per length would stall steps and hit dynamo's cache limit)."""
+    from torch._dynamo.utils import counters
+
+    from trainers.engines.megatron.model import compile_layers
+
+    model = _model(0)
+    torch._dynamo.reset()
+    counters.clear()
+    compile_layers(model, backend="aot_eager")
+    gen = torch.Generator().manual_seed(2)
+    for seq in (16, 24, 40, 13, 33):
+        _step(model, torch.randint(0, VOCAB, (BATCH, seq), generator=gen))
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 2
+
+
 def test_megatron_warnings_still_fire_in_eager_code(megatron_group: None) -> None:
     """The shim only hides warnings from dynamo: eager callers of ``megatron.core.utils`` still
     get the warning, attributed to their own line."""
