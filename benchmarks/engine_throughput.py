@@ -186,7 +186,8 @@ def main() -> None:
     )
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the torch engines")
     args = p.parse_args()
-    unknown = [e for e in args.engines.split(",") if e not in ENGINE_NAMES]
+    asked = [args.engine] if args.engine else args.engines.split(",")
+    unknown = [e for e in asked if e not in ENGINE_NAMES]
     if unknown:
         p.error(f"unknown engine(s) {unknown}; pick from {', '.join(ENGINE_NAMES)}")
     if args.engine:
