@@ -1,7 +1,7 @@
 """Load: 200 concurrent sessions on one tool server, each with its own local sandbox, each making
 8 SWE tool calls (bash, python, str_replace_editor, search) over real HTTP on loopback; then
 every resource the server used (fds, child processes, cgroups, temp and sandbox dirs) must be
-back to its baseline. The 200-session run is ``slow`` (about 70-110 s on a shared 2-core
+back to its baseline. The 200-session run is ``slow`` (about 15-25 s on a shared 2-core
 machine); the default run does the same with 24 sessions.
 
 Sizing the server for this: ``SandboxPool.Config.max_active`` caps live sandboxes (32 by
