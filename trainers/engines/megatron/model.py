@@ -15,7 +15,6 @@ The vocabulary is padded to a multiple of ``vocab_multiple * tensor_parallel_siz
 
 from __future__ import annotations
 
-import logging
 import types
 import warnings
 from dataclasses import dataclass
@@ -25,8 +24,6 @@ import torch
 import torch.nn.functional as F
 
 from agentrl.errors import ConfigError
-
-logger = logging.getLogger(__name__)
 
 ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
