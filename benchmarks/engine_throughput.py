@@ -25,6 +25,8 @@ Engines: ``torch`` (transformers + SDPA, autocast bf16, fp32 master weights), ``
 ``megatron-compile-foreach`` (the same with torch's foreach AdamW instead of the fused one) and
 ``megatron-compile-max`` (the layers compiled with ``max-autotune-no-cudagraphs``) and
 ``megatron-compile-cg`` (``reduce-overhead``: each compiled layer replayed as a CUDA graph).
+``megatron-compile-max-stock`` is ``megatron-compile-max`` with Megatron's own optimizer step
+instead of the engine's ``LeanStep`` (an ablation).
 The default list is ``torch,torch-compile,megatron,megatron-compile,megatron-compile-max``
 (``megatron-compile-max`` autotunes its kernels first: about two minutes on an H200).
 
@@ -56,6 +58,7 @@ ENGINE_NAMES = [
     "megatron-compile",
     "megatron-compile-foreach",
     "megatron-compile-max",
+    "megatron-compile-max-stock",
     "megatron-compile-cg",
 ]
 DEFAULT_ENGINES = "torch,torch-compile,megatron,megatron-compile,megatron-compile-max"
@@ -120,11 +123,14 @@ def run_engine(args: argparse.Namespace) -> dict[str, float | str]:
     else:
         from trainers.engines.megatron.config import MegatronConfig
 
+        parts = set(args.engine.split("-")[1:])
+        mode = next((COMPILE_MODES[p] for p in parts if p in COMPILE_MODES), "default")
         par = MegatronConfig(
-            sdpa_attention=args.engine != "megatron-local",
-            compile_layers="compile" in args.engine,
-            compile_mode=COMPILE_MODES.get(args.engine.rsplit("-", 1)[-1], "default"),
-            fused_adam="foreach" not in args.engine,
+            sdpa_attention="local" not in parts,
+            compile_layers="compile" in parts,
+            compile_mode=mode,
+            fused_adam="foreach" not in parts,
+            lean_optimizer_step="stock" not in parts,
         )
         engine = ENGINES.make("megatron", config=cfg, parallel=par)
     engine.initialize()

@@ -1,6 +1,7 @@
 """GPU acceptance of the Megatron engine against the torch-native engine (not a pytest module).
 
     python tests/megatron/gpu_check.py single OUT_DIR          # 1 GPU
+    python tests/megatron/gpu_check.py lean OUT_DIR            # 1 GPU: optimizer step only
     torchrun --nproc-per-node 2 tests/megatron/gpu_check.py tp OUT_DIR   # 2 GPUs: TP=2 vs DP=2
 
 single: same HF weights and batch; logprobs (fp32 and bf16), loss, grad norm and the loss after
@@ -67,7 +68,27 @@ def single(out: Path) -> None:
     mask = batch.attention_mask.float()
     mask[:, 0] = 0
     compare(path, batch, mask)
+    lean(path, batch)
     state(path, batch)
+
+
+def lean(path: str, batch) -> None:  # type: ignore[no-untyped-def]
+    """LeanStep (the default) against Megatron's own optimizer step: three steps, same weights."""
+    engines = []
+    for on in (True, False):
+        e = ENGINES.make(
+            "megatron",
+            config=cfg(path, dtype="bfloat16", max_grad_norm=0.5),
+            parallel=MegatronConfig(lean_optimizer_step=on),
+        )
+        e.initialize()
+        norms = [train_step(e, batch)["train/grad_norm"] for _ in range(3)]
+        engines.append((e, norms))
+    (a, na), (b, nb) = engines
+    wa, wb = dict(a.named_weights()), dict(b.named_weights())
+    diff = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
+    record("lean vs megatron step: grad norms", (na, nb))
+    record("lean vs megatron step: max weight diff after 3 steps", diff)
 
 
 def compare(path: str, batch, mask) -> None:  # type: ignore[no-untyped-def]
@@ -189,8 +210,11 @@ def tp(out: Path) -> None:
 if __name__ == "__main__":
     mode, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
-    if mode == "state":
-        state(model("/tmp/mg_tiny"), make_batch(seed=1, n_groups=4, group_size=4))
+    if mode in ("state", "lean"):  # lean: the optimizer-step checks only (lean vs Megatron, state)
+        batch = make_batch(seed=1, n_groups=4, group_size=4)
+        if mode == "lean":
+            lean(model("/tmp/mg_tiny"), batch)
+        state(model("/tmp/mg_tiny"), batch)
     else:
         {"single": single, "tp": tp}[mode](out)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -80,7 +80,10 @@ def token_logprobs(
             with_entropy,
         )
         if grad:
-            lp, ent = checkpoint(_chunk_scores, *args, use_reentrant=False)
+            # no randomness inside a chunk: skip saving / restoring the RNG states (host syncs)
+            lp, ent = checkpoint(
+                _chunk_scores, *args, use_reentrant=False, preserve_rng_state=False
+            )
         else:
             lp, ent = _chunk_scores(*args)
         logps.append(lp)

@@ -32,3 +32,7 @@ class MegatronConfig:
     fused_adam: bool = True
     """Without Apex / Transformer Engine Megatron falls back to ``torch.optim.AdamW``; run it
     with torch's fused CUDA kernel (one launch for all tensors) instead of the foreach one."""
+    lean_optimizer_step: bool = True
+    """Clip and step with ``optim.LeanStep`` (one device sync, foreach kernels) instead of
+    Megatron's step, whose fallbacks without Apex sync once per parameter; same state and
+    checkpoints. Falls back to Megatron's step where LeanStep does not apply (e.g. fp16)."""

@@ -45,6 +45,7 @@ from trainers.engines.megatron.model import (
     model_shape,
     transformer_config,
 )
+from trainers.engines.megatron.optim import LeanStep, unsupported
 from trainers.engines.torch_model import DTYPES
 from trainers.engines.torch_native import lr_factor, skip_metrics
 
@@ -99,6 +100,7 @@ class MegatronEngine(Engine):
         self.shape: ModelShape | None = None
         self._ddp: Any = None
         self._optimizer: Any = None
+        self._lean_step: LeanStep | None = None
         self.device = torch.device("cpu")
 
     # ---- setup ----------------------------------------------------------------------------
@@ -184,6 +186,11 @@ class MegatronEngine(Engine):
         )
         self._ddp = DistributedDataParallel(self._tconfig, ddp_config, model)
         self._optimizer = self._make_optimizer()
+        why = unsupported(self._optimizer) if self.parallel.lean_optimizer_step else "turned off"
+        if why is None:
+            self._lean_step = LeanStep(self._optimizer, self._optimizer.config.clip_grad)
+        else:
+            logger.info("megatron engine: Megatron's own optimizer step (%s)", why)
 
     def _make_optimizer(self) -> Any:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -384,23 +391,39 @@ class MegatronEngine(Engine):
         return state.reduce_metrics(total, local, self.device)
 
     def optimizer_step(self) -> Metrics:
-        from megatron.core.distributed import finalize_model_grads
-
         if self._optimizer is None:
             raise TrainingError("the 'ref' engine has no optimizer; only actor engines train")
-        finalize_model_grads([self._ddp])  # DP reduce(-scatter) of the summed gradients
+        self._finalize_grads()
         lr = self.config.lr * lr_factor(self.step, self.config)
         self._set_lr(lr, self._optimizer)
-        reason: str | None = "zero_grad"
-        norm_value = 0.0
-        if self._has_gradient():  # as the torch engine: no signal, no Adam step; LR step advances
-            ok, norm, _ = self._optimizer.step()
-            norm_value = float(norm) if norm is not None else float("nan")
-            reason = None if ok else "nonfinite_grad"
-        self._ddp.zero_grad_buffer()
-        self._optimizer.zero_grad()
+        if self._lean_step is not None:
+            _, norm_value, reason = self._lean_step()
+        else:
+            norm_value, reason = self._megatron_step()
+        self._ddp.zero_grad_buffer()  # LeanStep's grads are views of this buffer: zeroed too
+        if self._lean_step is None:
+            self._optimizer.zero_grad()
         self.step += 1
         return {"train/grad_norm": norm_value, "train/lr": lr, **skip_metrics(reason)}
+
+    def _finalize_grads(self) -> None:
+        """DP reduce(-scatter) of the summed gradients (and, under TP / PP, Megatron's extras)."""
+        from megatron.core.distributed import finalize_model_grads
+
+        p = self.parallel
+        model_parallel = p.tensor_parallel_size * p.pipeline_parallel_size * p.context_parallel_size
+        if model_parallel == 1 and not self._tconfig.num_moe_experts:
+            # what finalize_model_grads does here, without its walks over every module
+            self._ddp.finish_grad_sync()
+        else:
+            finalize_model_grads([self._ddp])
+
+    def _megatron_step(self) -> tuple[float, str | None]:
+        """Megatron's own step, skipped (as the torch engine does) when there is no gradient."""
+        if not self._has_gradient():
+            return 0.0, "zero_grad"
+        ok, norm, _ = self._optimizer.step()
+        return (float(norm) if norm is not None else float("nan")), None if ok else "nonfinite_grad"
 
     def _has_gradient(self) -> bool:
         """False when every rank's gradient buffers are exactly 0 (agreed over the world)."""

@@ -95,7 +95,11 @@ def vocab_parallel_logprobs(
             tp_rank,
             tp_size,
         )
-        lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
+        lp, ent = (  # a chunk draws no random numbers: no RNG state to save and restore
+            checkpoint(_chunk, *args, use_reentrant=False, preserve_rng_state=False)
+            if grad
+            else _chunk(*args)
+        )
         logps.append(lp)
         ents.append(ent)
     if not logps:
