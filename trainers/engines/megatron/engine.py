@@ -419,14 +419,20 @@ class MegatronEngine(Engine):
             finalize_model_grads([self._ddp])
 
     def _megatron_step(self) -> tuple[float, str | None]:
-        """Megatron's own step, skipped (as the torch engine does) when there is no gradient."""
-        if not self._has_gradient():
+        """Megatron's own step, skipped (as the torch engine does) without a usable gradient.
+
+        Megatron checks for inf / NaN only under fp16 loss scaling; in bf16 it would apply them.
+        """
+        peak = self._grad_peak()
+        if not math.isfinite(peak):
+            return float("nan"), "nonfinite_grad"
+        if peak == 0.0:
             return 0.0, "zero_grad"
         ok, norm, _ = self._optimizer.step()
         return (float(norm) if norm is not None else float("nan")), None if ok else "nonfinite_grad"
 
-    def _has_gradient(self) -> bool:
-        """False when every rank's gradient buffers are exactly 0 (agreed over the world)."""
+    def _grad_peak(self) -> float:
+        """max |gradient| over every rank's gradient buffers (inf / NaN when any is)."""
         buffers = [
             *getattr(self._ddp, "buffers", []),
             *getattr(self._ddp, "expert_parallel_buffers", []),
@@ -436,11 +442,11 @@ class MegatronEngine(Engine):
         ]
         peak = torch.zeros((), dtype=torch.float32, device=self.device)
         for g in grads:
-            # max |g| without a buffer-sized temporary; a NaN propagates (and counts as not 0)
+            # max |g| without a buffer-sized temporary; a NaN propagates
             peak = torch.maximum(peak, torch.linalg.vector_norm(g.detach(), math.inf).float())
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return bool(peak != 0)
+        return float(peak)
 
     # ---- state ----------------------------------------------------------------------------
 
