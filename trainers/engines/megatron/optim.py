@@ -50,7 +50,9 @@ class _Shard:
 
 
 def _inner(optimizer: Any) -> list[Any]:
-    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+    """The DistributedOptimizers inside ``optimizer``, without stubs (ranks with no params)."""
+    inner = list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+    return [o for o in inner if not getattr(o, "is_stub_optimizer", False)]
 
 
 def unsupported(optimizer: Any) -> str | None:
@@ -68,8 +70,6 @@ def unsupported(optimizer: Any) -> str | None:
             return "precision-aware optimizer or Megatron-FSDP"
         if opt.ddp_config.fp8_param_gather or getattr(opt.ddp_config, "fp4_param_gather", False):
             return "low-precision parameter gather"
-        if getattr(opt, "is_stub_optimizer", False):
-            return "a stub optimizer (no parameters on this rank)"
     if any(optimizer.has_grad_norm_group(g) for g in SEPARATE_GRAD_NORM_GROUPS):
         return "parameters in separate grad-norm groups"
     return None
@@ -78,7 +78,7 @@ def unsupported(optimizer: Any) -> str | None:
 class LeanStep:
     """Clip and step a Megatron DistributedOptimizer with one device sync.
 
-    step = LeanStep(optimizer, clip_grad=1.0)   # after the first backward is not needed
+    step = LeanStep(optimizer, clip_grad=1.0)   # once, after get_megatron_optimizer
     stepped, grad_norm, reason = step()         # reason: None, "zero_grad" or "nonfinite_grad"
     ddp.zero_grad_buffer()                      # and no optimizer.zero_grad()
     """
@@ -96,7 +96,8 @@ class LeanStep:
                 for model_group, main_group in zip(model_groups, main_groups, strict=True):
                     for model_param, main_param in zip(model_group, main_group, strict=True):
                         self.shards.append(_shard(opt, model_param, main_param))
-        self.group = _inner(optimizer)[0].get_grad_stats_parallel_group()
+        inner = _inner(optimizer)
+        self.group = inner[0].get_grad_stats_parallel_group() if inner else None
         self._for_norm: list[int] | None = None  # indices into shards, found at the first step
         self._grads: list[torch.Tensor] | None = None
 
@@ -139,11 +140,14 @@ class LeanStep:
         if self._for_norm is None:
             self._for_norm = self._norm_indices()
         counted = [grads[i] for i in self._for_norm]
-        device = grads[0].device if grads else torch.device("cpu")
+        # a rank may own no shard at all (many DP ranks, small model): it still joins the reduce
+        device = grads[0].device if grads else _collective_device()
         total = torch.zeros((), dtype=torch.float32, device=device)
         if counted:
             norms = torch._foreach_norm(counted)
             total = torch.linalg.vector_norm(torch.stack(norms)).square()
+        if self.group is None and dist.is_initialized():  # a stub-only rank: Megatron's default
+            self.group = self.optimizer.get_grad_stats_parallel_group()
         if self.group is not None and dist.get_world_size(self.group) > 1:
             dist.all_reduce(total, group=self.group)
         return math.sqrt(float(total))
@@ -160,6 +164,12 @@ class LeanStep:
             torch._foreach_mul_(grads, coeff)
         self._update()
         return True, norm, None
+
+
+def _collective_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _shard(opt: Any, model_param: torch.nn.Parameter, main_param: torch.Tensor) -> _Shard:
