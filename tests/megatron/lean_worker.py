@@ -11,7 +11,7 @@ def run(rank: int, port: int, model_path: str, out_dir: str, tp: int) -> None:
     import conftest  # noqa: F401  (the Triton-kernel stub, when Triton is missing)
     import torch
     import torch.distributed as dist
-    from cpu_optim import cuda_on_cpu, params
+    from cpu_optim import build, cuda_on_cpu, params
     from megatron.core import parallel_state
     from test_lean_step import _steps
 
@@ -21,12 +21,9 @@ def run(rank: int, port: int, model_path: str, out_dir: str, tp: int) -> None:
                              rank=rank, world_size=2)  # fmt: skip
     with cuda_on_cpu():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-        torch.manual_seed(0)
-        from cpu_optim import build
-
         start = params(build(model_path, clip=0.5, tp=tp)[0])
-        # each rank a different batch under DP (seed + rank), the same one under TP
-        seeds = range(rank * (tp == 1) * 10, rank * (tp == 1) * 10 + 3)
+        first = 10 * rank if tp == 1 else 0  # DP: each rank its own batches; TP: the same ones
+        seeds = range(first, first + 3)
         ours, theirs, norms = _steps(Path(model_path), 0.5, seeds, tp=tp)
     torch.save(
         {"ours": ours, "theirs": theirs, "norms": norms, "start": start},

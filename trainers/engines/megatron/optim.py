@@ -96,8 +96,7 @@ class LeanStep:
                 for model_group, main_group in zip(model_groups, main_groups, strict=True):
                     for model_param, main_param in zip(model_group, main_group, strict=True):
                         self.shards.append(_shard(opt, model_param, main_param))
-        inner = _inner(optimizer)
-        self.group = inner[0].get_grad_stats_parallel_group() if inner else None
+        self.group = optimizer.get_grad_stats_parallel_group()  # also on a stub-only rank
         self._for_norm: list[int] | None = None  # indices into shards, found at the first step
         self._grads: list[torch.Tensor] | None = None
 
@@ -146,8 +145,6 @@ class LeanStep:
         if counted:
             norms = torch._foreach_norm(counted)
             total = torch.linalg.vector_norm(torch.stack(norms)).square()
-        if self.group is None and dist.is_initialized():  # a stub-only rank: Megatron's default
-            self.group = self.optimizer.get_grad_stats_parallel_group()
         if self.group is not None and dist.get_world_size(self.group) > 1:
             dist.all_reduce(total, group=self.group)
         return math.sqrt(float(total))
