@@ -24,8 +24,12 @@ class MegatronConfig:
     sdpa_attention: bool = True
     """SDPA core attention; False keeps Megatron's local (unfused) DotProductAttention."""
     compile_layers: bool = False
-    """torch.compile each decoder layer, one graph per layer (padded batches; the packed THD path
-    still breaks on Megatron's THD RoPE)."""
+    """torch.compile the decoder layers (padded batches; the packed THD path still breaks on
+    Megatron's THD RoPE)."""
+    compile_scope: str = "decoder"
+    """``decoder``: the whole stack of layers as one graph (least host time per step, fusions
+    across layers; the first step compiles longer). ``layer``: each layer alone (one shared
+    graph, quick to compile). With gradient checkpointing the engine compiles per layer."""
     compile_mode: str = "default"
     """torch.compile mode for compile_layers, e.g. ``max-autotune-no-cudagraphs`` (benchmarks
     Triton GEMM templates against cuBLAS at the first step; slower start, sometimes faster)."""

@@ -38,6 +38,7 @@ from trainers.engines.megatron import state
 from trainers.engines.megatron.config import MegatronConfig
 from trainers.engines.megatron.forward import Scoring, forward_step
 from trainers.engines.megatron.model import (
+    COMPILE_SCOPES,
     ModelShape,
     Parallelism,
     build_model,
@@ -110,6 +111,10 @@ class MegatronEngine(Engine):
         from transformers import AutoConfig
 
         p = self.parallel
+        if p.compile_scope not in COMPILE_SCOPES:
+            raise ConfigError(
+                f"megatron.compile_scope must be one of {COMPILE_SCOPES}, got {p.compile_scope!r}"
+            )
         if self.config.role != "ref" and (
             self.config.device == "cpu" or not torch.cuda.is_available()
         ):
@@ -172,7 +177,9 @@ class MegatronEngine(Engine):
         state.load_hf_weights(model, self.config.model_path, self.shape, self.parallel)
         model.to(self.device)
         if self.parallel.compile_layers:
-            compile_layers(model, self.parallel.compile_mode)
+            # Megatron's full recompute wraps layers in a checkpoint dynamo does not trace
+            scope = "layer" if self._tconfig.recompute_granularity else self.parallel.compile_scope
+            compile_layers(model, self.parallel.compile_mode, scope=scope)
         if self.config.dtype != "float32":
             model = Float16Module(self._tconfig, model)
         if self.config.role == "ref":

@@ -215,8 +215,22 @@ def build_model(
         )
 
 
-def compile_layers(model: Any, mode: str = "default", backend: str = "inductor") -> None:
-    """torch.compile every decoder layer of ``model``, each into one graph (one region).
+COMPILE_SCOPES = ("decoder", "layer")
+
+
+def compile_layers(
+    model: Any, mode: str = "default", backend: Any = "inductor", scope: str = "decoder"
+) -> None:
+    """torch.compile the decoder: the whole stack as one graph, or each layer on its own.
+
+    ``scope="decoder"`` compiles the stack of decoder layers (``model.decoder``) into one graph:
+    one guard check and one compiled autograd function per step instead of one per layer, and
+    Inductor fuses across layer boundaries (one layer's residual add with the next one's
+    RMSNorm). ``scope="layer"`` compiles each layer alone: all layers share one graph, which
+    compiles in a fraction of the time, but every layer pays the compiled region's host cost
+    in forward and again in backward, and a slow host then starves the GPU. Megatron's full
+    activation recompute wraps the layers in its own checkpoint function, which dynamo does not
+    trace: callers use ``scope="layer"`` with recompute.
 
     Megatron's linear layers call ``warnings.warn("... tp_group is None ...", DeprecationWarning)``
     inside forward (``RowParallelLinear`` passes ``tp_group=None`` to its matmul helper in
@@ -225,14 +239,18 @@ def compile_layers(model: Any, mode: str = "default", backend: str = "inductor")
     forward and again in backward. ``megatron.core.utils`` therefore gets a ``warnings`` whose
     ``warn`` returns at once while dynamo traces and warns as before in eager code. Dynamo's own
     switch for this (``ignore_logging_functions``) breaks every compile on torch 2.11
-    (pytorch/pytorch#178455), so it is not used. The layers then trace whole (padded ``sbhd``
-    inputs; the packed THD path still breaks on Megatron's THD RoPE) and, being one code
-    object, share one graph.
+    (pytorch/pytorch#178455), so it is not used. Padded ``sbhd`` inputs then trace whole; the
+    packed THD path still breaks on Megatron's THD RoPE.
     """
     import megatron.core.utils as mcore_utils
 
+    if scope not in COMPILE_SCOPES:
+        raise ConfigError(f"compile scope must be one of {COMPILE_SCOPES}, got {scope!r}")
     if not isinstance(mcore_utils.warnings, _QuietWhileTracing):
         mcore_utils.warnings = _QuietWhileTracing()  # type: ignore[assignment]
+    if scope == "decoder":
+        model.decoder.compile(mode=mode, backend=backend)
+        return
     for layer in model.decoder.layers:
         layer.compile(mode=mode, backend=backend)
 
