@@ -51,9 +51,18 @@ def cuda_on_cpu() -> Iterator[None]:
 
 
 def build(
-    path: Path | str, *, clip: float, tp: int = 1, fp16: bool = False, distributed: bool = True
+    path: Path | str,
+    *,
+    clip: float,
+    tp: int = 1,
+    fp16: bool = False,
+    distributed: bool = True,
+    fused: bool = False,
 ) -> tuple[Any, Any]:
-    """(ddp, optimizer) for the tiny model on this rank: bf16 params, fp32 grads, Adam."""
+    """(ddp, optimizer) for the tiny model on this rank: bf16 params, fp32 grads, Adam.
+
+    ``fused``: torch's fused AdamW inside Megatron's optimizer, as the engine sets it up.
+    """
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.module import Float16Module
@@ -77,7 +86,12 @@ def build(
     opt_config = OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.1, clip_grad=clip,
                                  bf16=not fp16, fp16=fp16, params_dtype=dtype,
                                  use_distributed_optimizer=distributed)  # fmt: skip
-    return ddp, get_megatron_optimizer(opt_config, [ddp])
+    optimizer = get_megatron_optimizer(opt_config, [ddp])
+    if fused:
+        from trainers.engines.megatron.engine import _use_fused_torch_adam
+
+        _use_fused_torch_adam(optimizer)
+    return ddp, optimizer
 
 
 def backward(ddp: Any, seed: int, scale: float = 1.0) -> None:

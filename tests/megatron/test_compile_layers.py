@@ -10,6 +10,8 @@ and in backward).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -94,8 +96,9 @@ def test_compiled_decoder_matches_eager_in_one_graph(megatron_group: None, scope
     counters.clear()
     backend = _CountingBackend()
     compile_layers(compiled, backend=backend, scope=scope)
+    decoder: Any = compiled.decoder
     wrapped = [m for m in compiled.modules() if getattr(m, "_compiled_call_impl", None)]
-    assert wrapped == ([compiled.decoder] if scope == "decoder" else list(compiled.decoder.layers))
+    assert wrapped == ([decoder] if scope == "decoder" else list(decoder.layers))
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     for _ in range(2):  # the second call runs the cached graph
         eager.zero_grad(set_to_none=True)
@@ -159,3 +162,46 @@ def test_megatron_warnings_still_fire_in_eager_code(megatron_group: None) -> Non
     compile_layers(_model(0), backend="aot_eager")  # a second engine: no shim on the shim
     assert mcore_utils.warnings.warn is not __import__("warnings").warn
     assert mcore_utils.warnings.catch_warnings is __import__("warnings").catch_warnings
+
+
+@pytest.mark.skipif(not _dynamo_works(), reason="torch.compile does not run on this platform")
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_compiled_logprob_chunks_match_eager(megatron_group: None, with_entropy: bool) -> None:
+    """Compiled chunks (checkpoint inside the graph) give the eager logprobs, entropy and
+    gradients, over full chunks and a shorter last one, in training and in scoring."""
+    from torch._dynamo.utils import counters
+
+    from trainers.engines.megatron.logprobs import vocab_parallel_logprobs
+
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(11, 8, generator=gen)
+    weight = torch.randn(16, 8, generator=gen)
+    targets = torch.randint(0, 13, (11,), generator=gen)
+    torch._dynamo.reset()
+    counters.clear()
+    results, counting = [], _CountingBackend()
+    for backend in (None, counting):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        kw = dict(true_vocab=13, tp_rank=0, tp_size=1, with_entropy=with_entropy, chunk_tokens=4)
+        logp, ent = vocab_parallel_logprobs(h, w, targets, temperature=0.7, compile_backend=backend, **kw)  # type: ignore[arg-type]  # fmt: skip
+        (logp.sum() + (ent.sum() if ent is not None else 0)).backward()
+        with torch.no_grad():
+            scored, _ = vocab_parallel_logprobs(h, w, targets, compile_backend=backend, **kw)  # type: ignore[arg-type]  # fmt: skip
+        results.append((logp, ent, h.grad, w.grad, scored))
+    for eager, compiled in zip(*results, strict=True):
+        if eager is None:
+            assert compiled is None
+            continue
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    assert dict(counters["graph_break"]) == {}
+    # compiled for real: a graph for training, one for scoring, one more for the short last chunk
+    assert counting.graphs >= 2
+
+
+def test_compiled_logprob_chunks_need_one_tensor_parallel_rank() -> None:
+    from agentrl.errors import ConfigError
+    from trainers.engines.megatron.logprobs import vocab_parallel_logprobs
+
+    with pytest.raises(ConfigError, match="tensor_parallel_size 1"):
+        vocab_parallel_logprobs(torch.zeros(2, 4), torch.zeros(8, 4), torch.zeros(2, dtype=torch.long),
+                                true_vocab=8, tp_rank=0, tp_size=2, compile_backend="aot_eager")  # fmt: skip

@@ -1,7 +1,9 @@
 """LeanStep against Megatron's own optimizer step, on CPU (the same state, the same update).
 
 One rank here; two gloo ranks (DP=2, then TP=2) in ``lean_worker.py``. Megatron's optimizer
-runs on CPU through ``cpu_optim.cuda_on_cpu`` (tests only).
+runs on CPU through ``cpu_optim.cuda_on_cpu`` (tests only). ``fused``: torch's fused AdamW
+inside (the engine's default), where LeanStep skips a bad step on the device; otherwise the
+foreach AdamW, where it decides on the host.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ def on_cpu(megatron_group: None) -> Iterator[None]:
         yield
 
 
-def _steps(path: Path, clip: float, seeds: range, tp: int = 1) -> tuple[dict, dict, list]:
+def _steps(
+    path: Path, clip: float, seeds: range, tp: int = 1, fused: bool = True
+) -> tuple[dict, dict, list]:
     """Weights after LeanStep and after Megatron's step from the same start and batches."""
     from trainers.engines.megatron.optim import LeanStep, unsupported
 
-    ours, theirs = build(path, clip=clip, tp=tp), build(path, clip=clip, tp=tp)
+    ours = build(path, clip=clip, tp=tp, fused=fused)
+    theirs = build(path, clip=clip, tp=tp, fused=fused)
     assert unsupported(ours[1]) is None
     lean, norms = LeanStep(ours[1], clip), []
+    assert lean.skips_on_device() == fused
     for seed in seeds:  # Adam state carries over: several steps, different batches
         for ddp, _ in (ours, theirs):
             backward(ddp, seed)
@@ -41,11 +47,12 @@ def _steps(path: Path, clip: float, seeds: range, tp: int = 1) -> tuple[dict, di
     return params(ours[0]), params(theirs[0]), norms
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
 @pytest.mark.parametrize("clip", [1e-3, 1e3], ids=["clipped", "unclipped"])
 def test_lean_step_equals_megatron_step(
-    on_cpu: None, tiny_models: dict[str, Path], clip: float
+    on_cpu: None, tiny_models: dict[str, Path], clip: float, fused: bool
 ) -> None:
-    a, b, norms = _steps(tiny_models["llama"], clip, range(3))
+    a, b, norms = _steps(tiny_models["llama"], clip, range(3), fused=fused)
     for ours, theirs in norms:
         assert ours == pytest.approx(theirs, rel=1e-5)
     before = params(build(tiny_models["llama"], clip=clip)[0])
@@ -54,13 +61,14 @@ def test_lean_step_equals_megatron_step(
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
 @pytest.mark.parametrize("grad", ["zero", "nan"])
 def test_lean_step_leaves_weights_alone_without_a_usable_gradient(
-    on_cpu: None, tiny_models: dict[str, Path], grad: str
+    on_cpu: None, tiny_models: dict[str, Path], grad: str, fused: bool
 ) -> None:
     from trainers.engines.megatron.optim import LeanStep
 
-    ddp, opt = build(tiny_models["llama"], clip=1.0)
+    ddp, opt = build(tiny_models["llama"], clip=1.0, fused=fused)
     lean = LeanStep(opt, 1.0)
     backward(ddp, 0, scale=0.0 if grad == "zero" else float("nan"))
     before = params(ddp)
@@ -70,7 +78,20 @@ def test_lean_step_leaves_weights_alone_without_a_usable_gradient(
     assert (norm == 0.0) if grad == "zero" else (norm != norm)
     after = params(ddp)
     assert all(torch.equal(before[n], after[n]) for n in before)
-    assert all(not o.optimizer.state for o in opt.chained_optimizers)  # no Adam state either
+    for inner in (o.optimizer for o in opt.chained_optimizers):
+        # foreach: never stepped, no state; fused: the kernel ran with found_inf set and left
+        # the (fresh) moments and the step count at zero
+        for s in inner.state.values():
+            assert fused
+            assert float(s["step"]) == 0.0
+            assert not s["exp_avg"].any() and not s["exp_avg_sq"].any()
+        assert not hasattr(inner, "found_inf")  # not left behind for Megatron's own step
+    # and the next good gradient steps as usual (the bad one left nothing to undo)
+    ddp.zero_grad_buffer()
+    backward(ddp, 1)
+    stepped, norm, reason = lean()
+    assert (stepped, reason) == (True, None) and norm > 0
+    assert any(not torch.equal(before[n], v) for n, v in params(ddp).items())
 
 
 def test_lean_step_says_why_it_does_not_apply(on_cpu: None, tiny_models: dict[str, Path]) -> None:

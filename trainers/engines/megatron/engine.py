@@ -47,6 +47,7 @@ from trainers.engines.megatron.model import (
     transformer_config,
 )
 from trainers.engines.megatron.optim import LeanStep, unsupported
+from trainers.engines.readback import HostCopy
 from trainers.engines.torch_model import DTYPES
 from trainers.engines.torch_native import lr_factor, skip_metrics
 
@@ -281,6 +282,11 @@ class MegatronEngine(Engine):
             true_vocab=self.shape.vocab_size,
             chunk_tokens=self.config.logprob_chunk_tokens,
             device=self.device,
+            compile_backend=(
+                "inductor"
+                if self.parallel.compile_layers and self.parallel.tensor_parallel_size == 1
+                else None
+            ),
         )
         data = iter([(mb.to(self.device), i) for i, mb in enumerate(mbs)])
         step = partial(forward_step, scoring, handle)
@@ -364,8 +370,9 @@ class MegatronEngine(Engine):
             raise TrainingError("the 'ref' engine has no optimizer; only actor engines train")
         global_tokens = self._all_reduce_dp(float(batch.loss_mask.sum()))
         global_rows = self._all_reduce_dp(float(batch.sample_mask.sum()))
-        losses: list[torch.Tensor] = []  # summed after the schedule: no sync between fwd and bwd
-        values: dict[str, list[float | torch.Tensor]] = {}
+        # each micro-batch's loss and tensor metrics go to the host right after its forward
+        # (HostCopy) and are read once every backward is queued: no sync stalls the GPU here
+        copies: list[tuple[HostCopy, list[str], dict[str, float]]] = []
         count = [0]
 
         def loss(mb: TrainBatch, index: int, output: Any) -> Any:
@@ -383,9 +390,13 @@ class MegatronEngine(Engine):
                 raise TrainingError(f"loss_fn must return a scalar loss; got {tuple(value.shape)}")
             if not value.requires_grad:
                 value = value + logp.sum() * 0.0
-            losses.append(value.detach())
-            for k, v in metrics.items():
-                values.setdefault(k, []).append(v.detach() if isinstance(v, torch.Tensor) else v)
+            tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
+            snapshot = torch.stack(
+                [value.detach().float()]
+                + [v.detach().float().reshape(()).to(value.device) for v in tensors.values()]
+            )
+            plain = {k: float(v) for k, v in metrics.items() if k not in tensors}
+            copies.append((HostCopy(snapshot), list(tensors), plain))
             return value, torch.tensor(1, dtype=torch.int, device=self.device), {}
 
         mbs = self._micro_batches(batch, num_micro_batches, max_tokens)
@@ -393,8 +404,13 @@ class MegatronEngine(Engine):
         self._run(
             loss, temperature=temperature, with_entropy=with_entropy, forward_only=False, mbs=mbs
         )
-        total = float(torch.stack(losses).sum()) if losses else 0.0
-        local = {k: sum(float(x) for x in v) / max(count[0], 1) for k, v in values.items()}
+        total, sums = 0.0, dict[str, float]()
+        for copy, names, plain in copies:
+            row = copy.get().tolist()
+            total += row[0]
+            for k, x in [*zip(names, row[1:], strict=True), *plain.items()]:
+                sums[k] = sums.get(k, 0.0) + x
+        local = {k: v / max(count[0], 1) for k, v in sums.items()}
         return state.reduce_metrics(total, local, self.device)
 
     def optimizer_step(self) -> Metrics:

@@ -34,6 +34,7 @@ class Scoring:
     true_vocab: int  # vocabulary size before padding
     chunk_tokens: int
     device: torch.device
+    compile_backend: str | None = None  # torch.compile the logprob chunks (one TP rank only)
 
 
 def score_hidden(
@@ -60,6 +61,7 @@ def score_hidden(
         temperature=scoring.temperature,
         with_entropy=scoring.with_entropy,
         chunk_tokens=scoring.chunk_tokens,
+        compile_backend=scoring.compile_backend,
     )
     b, t = plan.batch_shape
     rows, cols = plan.dest // t, plan.dest % t

@@ -14,10 +14,17 @@ offload all unchanged) and replaces only the part before Adam:
 
     DDP fp32 grad buffer --(views cached once)--> .grad of each fp32 master shard
         -> one foreach norm over the shards that count (not shared, not a TP replica)
-        -> all-reduce over the grad-stats group -> the one device sync of the step
-        -> zero or non-finite: no update; else clip with one foreach multiply
+        -> all-reduce over the grad-stats group
+        -> clip with one foreach multiply (by a device scalar: min(1, clip / norm))
         -> torch AdamW on the master shards -> one foreach copy into the bf16 param buffer
         -> (data parallel > 1) Megatron's all-gather of the updated param buffer
+
+With torch's fused AdamW (the engine's default) nothing waits for the norm: a zero or
+non-finite norm sets the fused kernel's ``found_inf`` flag on the device, and the kernel then
+leaves weights, moments and step count alone. The norm is copied to the host as soon as it is
+known and read after the whole update is queued, so the GPU never idles while the host decides.
+Without the fused kernel the norm is read first (one device sync) and the update is skipped on
+the host.
 
 The gradient views stay attached between steps: DDP's ``zero_grad_buffer`` zeroes the buffer
 they look into, so the optimizer's own ``zero_grad`` (another walk over every parameter) is
@@ -36,6 +43,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from trainers.engines.readback import HostCopy
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,7 @@ def unsupported(optimizer: Any) -> str | None:
 
 
 class LeanStep:
-    """Clip and step a Megatron DistributedOptimizer with one device sync.
+    """Clip and step a Megatron DistributedOptimizer without stopping the GPU's queue.
 
     step = LeanStep(optimizer, clip_grad=1.0)   # once, after get_megatron_optimizer
     stepped, grad_norm, reason = step()         # reason: None, "zero_grad" or "nonfinite_grad"
@@ -115,10 +124,18 @@ class LeanStep:
         self._grads = grads if views else None  # copies (non-fp32 buffers) are made every step
         return grads
 
-    def _update(self) -> None:
-        """AdamW on the master shards, copy them into the param buffer, gather it over DP."""
+    def _update(self, found_inf: torch.Tensor | None = None) -> None:
+        """AdamW on the master shards, copy them into the param buffer, gather it over DP.
+
+        ``found_inf`` (fused Adam only): a device flag; when 1 the kernel changes nothing.
+        """
         for opt in _inner(self.optimizer):
-            opt.optimizer.step()
+            inner = opt.optimizer
+            inner.found_inf = found_inf  # read by torch's fused Adam; None: no device skip
+            try:
+                inner.step()
+            finally:
+                del inner.found_inf
         if self.shards:
             torch._foreach_copy_(
                 [s.model_shard for s in self.shards], [s.main_param for s in self.shards]
@@ -134,8 +151,16 @@ class LeanStep:
             counted |= {id(g) for g in opt.get_grads_for_grad_norm()}
         return [i for i, s in enumerate(self.shards) if id(s.main_param.grad) in counted]
 
-    def grad_norm(self, grads: list[torch.Tensor]) -> float:
-        """L2 norm over every rank's counted shards (one all-reduce, one sync)."""
+    def skips_on_device(self) -> bool:
+        """Whether every inner optimizer is torch's fused Adam, which reads ``found_inf``."""
+        return bool(self.shards) and all(
+            isinstance(opt.optimizer, torch.optim.Adam | torch.optim.AdamW)
+            and all(g.get("fused") for g in opt.optimizer.param_groups)
+            for opt in _inner(self.optimizer)
+        )
+
+    def _sum_of_squares(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """Squared L2 norm over every rank's counted shards, on the device (one all-reduce)."""
         if self._for_norm is None:
             self._for_norm = self._norm_indices()
         counted = [grads[i] for i in self._for_norm]
@@ -147,20 +172,48 @@ class LeanStep:
             total = torch.linalg.vector_norm(torch.stack(norms)).square()
         if self.group is not None and dist.get_world_size(self.group) > 1:
             dist.all_reduce(total, group=self.group)
-        return math.sqrt(float(total))
+        return total
+
+    def grad_norm(self, grads: list[torch.Tensor]) -> float:
+        """The global grad norm as a float (waits for it)."""
+        return math.sqrt(float(self._sum_of_squares(grads)))
 
     def __call__(self) -> tuple[bool, float, str | None]:
         grads = self._attach_grads()
+        if not self.skips_on_device():
+            return self._step_on_host(grads)
+        # in float64, as the host path and Megatron compute it: the same clip factor to the bit
+        norm = self._sum_of_squares(grads).double().sqrt()
+        host_norm = HostCopy(norm)  # read once the update is queued
+        found_inf = (~torch.isfinite(norm) | (norm == 0)).float()
+        if self.clip_grad > 0:
+            # Megatron's rule, min(1, clip / (norm + 1e-6)); times 1.0 leaves a gradient as it is
+            coeff = (self.clip_grad / (norm + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(grads, coeff.float())
+        self._update(found_inf)
+        value = float(host_norm.get())
+        reason = _skip_reason(value)
+        return reason is None, value, reason
+
+    def _step_on_host(self, grads: list[torch.Tensor]) -> tuple[bool, float, str | None]:
+        """Read the norm first (one sync), then skip or clip and update."""
         norm = self.grad_norm(grads)
-        if not math.isfinite(norm):
-            return False, norm, "nonfinite_grad"
-        if norm == 0.0:
-            return False, norm, "zero_grad"
+        reason = _skip_reason(norm)
+        if reason is not None:
+            return False, norm, reason
         coeff = self.clip_grad / (norm + 1e-6)
         if self.clip_grad > 0 and coeff < 1.0 and grads:
             torch._foreach_mul_(grads, coeff)
         self._update()
         return True, norm, None
+
+
+def _skip_reason(norm: float) -> str | None:
+    if not math.isfinite(norm):
+        return "nonfinite_grad"
+    if norm == 0.0:
+        return "zero_grad"
+    return None
 
 
 def _collective_device() -> torch.device:
