@@ -21,7 +21,9 @@ Engines: ``torch`` (transformers + SDPA, autocast bf16, fp32 master weights), ``
 (the same with every HF decoder layer ``torch.compile``d), ``megatron``
 (GPTModel, local spec with SDPA core attention, bf16 params + fp32 distributed Adam) and
 ``megatron-local`` (Megatron's own unfused local attention, for reference),
-``megatron-compile`` (``megatron`` with every decoder layer ``torch.compile``d) and
+``megatron-compile`` (``megatron`` with its decoder ``torch.compile``d as one graph, the
+logprob chunks compiled too), ``megatron-compile-layer`` (each decoder layer compiled alone:
+the engine's ``compile_scope=layer``, for comparison) and
 ``megatron-compile-foreach`` (the same with torch's foreach AdamW instead of the fused one) and
 ``megatron-compile-max`` (the layers compiled with ``max-autotune-no-cudagraphs``) and
 ``megatron-compile-cg`` (``reduce-overhead``: each compiled layer replayed as a CUDA graph).
@@ -56,6 +58,7 @@ ENGINE_NAMES = [
     "megatron",
     "megatron-local",
     "megatron-compile",
+    "megatron-compile-layer",
     "megatron-compile-foreach",
     "megatron-compile-max",
     "megatron-compile-max-stock",
@@ -129,6 +132,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, float | str]:
             sdpa_attention="local" not in parts,
             compile_layers="compile" in parts,
             compile_mode=mode,
+            compile_scope="layer" if "layer" in parts else "decoder",
             fused_adam="foreach" not in parts,
             lean_optimizer_step="stock" not in parts,
         )

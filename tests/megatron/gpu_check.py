@@ -2,6 +2,7 @@
 
     python tests/megatron/gpu_check.py single OUT_DIR          # 1 GPU
     python tests/megatron/gpu_check.py lean OUT_DIR            # 1 GPU: optimizer step only
+    python tests/megatron/gpu_check.py compiled OUT_DIR        # 1 GPU: compile_layers vs eager
     torchrun --nproc-per-node 2 tests/megatron/gpu_check.py tp OUT_DIR   # 2 GPUs: TP=2 vs DP=2
 
 single: same HF weights and batch; logprobs (fp32 and bf16), loss, grad norm and the loss after
@@ -70,6 +71,7 @@ def single(out: Path) -> None:
     compare(path, batch, mask)
     lean(path, batch)
     state(path, batch)
+    compiled(path, batch, mask)
 
 
 def lean(path: str, batch) -> None:  # type: ignore[no-untyped-def]
@@ -89,6 +91,50 @@ def lean(path: str, batch) -> None:  # type: ignore[no-untyped-def]
     diff = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
     record("lean vs megatron step: grad norms", (na, nb))
     record("lean vs megatron step: max weight diff after 3 steps", diff)
+
+
+def compiled(path: str, batch, mask) -> None:  # type: ignore[no-untyped-def]
+    """compile_layers (whole decoder, compiled logprob chunks) against eager Megatron, bf16; and
+    a NaN loss skipped on the device (fused Adam's found_inf) without touching the weights."""
+    runs = {}
+    for scope in ("eager", "decoder", "layer"):
+        par = MegatronConfig(
+            compile_layers=scope != "eager", compile_scope=scope if scope != "eager" else "decoder"
+        )
+        e = ENGINES.make("megatron", config=cfg(path, dtype="bfloat16"), parallel=par)
+        e.initialize()
+        lp, _ = e.compute_logprobs(batch)
+        steps = [train_step(e, batch) for _ in range(3)]
+        runs[scope] = (lp, [(m["train/loss"], m["train/grad_norm"]) for m in steps])
+        if scope == "decoder":
+            before = {k: v.clone() for k, v in e.named_weights()}
+            nan = e.forward_backward(batch, lambda *a: (nll_loss(*a)[0] * float("nan"), {}))
+            m = e.optimizer_step()
+            after = dict(e.named_weights())
+            record(
+                "compiled: NaN loss -> skipped, reason",
+                (nan["train/loss"], m["train/skipped_step"], m["train/skipped_nonfinite_grad"]),
+            )
+            record(
+                "compiled: weights unchanged after the NaN step",
+                all(torch.equal(before[k], after[k]) for k in before),
+            )
+            m = train_step(e, batch)
+            record(
+                "compiled: next step after NaN (loss, grad norm, skipped)",
+                (m["train/loss"], m["train/grad_norm"], m["train/skipped_step"]),
+            )
+        del e
+        torch.cuda.empty_cache()
+    for scope in ("decoder", "layer"):
+        record(
+            f"compiled {scope} vs eager: logprob max abs diff",
+            masked_diff(runs[scope][0], runs["eager"][0], mask),
+        )
+        record(
+            f"compiled {scope} vs eager: (loss, grad norm) x 3 steps",
+            (runs[scope][1], runs["eager"][1]),
+        )
 
 
 def compare(path: str, batch, mask) -> None:  # type: ignore[no-untyped-def]
@@ -216,6 +262,13 @@ if __name__ == "__main__":
             lean(model("/tmp/mg_tiny"), batch)
         state(model("/tmp/mg_tiny"), batch)
     else:
-        {"single": single, "tp": tp}[mode](out)
+        if mode == "compiled":
+            path = model("/tmp/mg_tiny")
+            batch = make_batch(seed=1, n_groups=4, group_size=4)
+            mask = batch.attention_mask.float()
+            mask[:, 0] = 0
+            compiled(path, batch, mask)
+        else:
+            {"single": single, "tp": tp}[mode](out)
     if int(os.environ.get("RANK", "0")) == 0:
         (out / f"{mode}.json").write_text(json.dumps(RESULTS, indent=1, default=str))
