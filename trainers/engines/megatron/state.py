@@ -105,8 +105,11 @@ def _gather_tp(name: str, local: torch.Tensor) -> torch.Tensor:
     return convert.unshard(name, parts)
 
 
-def _from_stage(stage: int, tensor: torch.Tensor | None) -> torch.Tensor:
-    """The owner stage's tensor on every stage of this pipeline (broadcast over PP)."""
+def _from_stage(stage: int, tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """The owner stage's tensor on every stage of this pipeline (broadcast over PP).
+
+    ``device``: where the stages that do not own it receive it (the model's device).
+    """
     from megatron.core import parallel_state as ps
 
     if ps.get_pipeline_model_parallel_world_size() == 1:
@@ -117,7 +120,6 @@ def _from_stage(stage: int, tensor: torch.Tensor | None) -> torch.Tensor:
     meta = [None if tensor is None else (tuple(tensor.shape), tensor.dtype)]
     dist.broadcast_object_list(meta, src=src, group=group)
     shape, dtype = meta[0]  # type: ignore[misc]
-    device = torch.device("cuda", torch.cuda.current_device())
     out = tensor if tensor is not None else torch.empty(shape, dtype=dtype, device=device)
     dist.broadcast(out, src=src, group=group)
     return out
@@ -131,12 +133,13 @@ def named_weights(model: Any, shape: ModelShape) -> Iterator[tuple[str, torch.Te
     pp = ps.get_pipeline_model_parallel_world_size()
     local_ids = {i: n for n, i in enumerate(convert.stage_layers(shape.num_layers, stage, pp))}
     params = dict(model.named_parameters())
+    device = next(iter(params.values())).device
     for owner, name, layer, inner in _global_names(shape):
         tensor = None
         if owner == stage:
             key = name if layer is None else convert.MG_LAYER.format(i=local_ids[layer]) + inner
             tensor = _gather_tp(name, params[key].detach())
-        full = _from_stage(owner, tensor)
+        full = _from_stage(owner, tensor, device)
         if layer is not None:
             yield from convert.megatron_layer_to_hf(layer, inner, full, shape)
         elif name == convert.EMBED:
