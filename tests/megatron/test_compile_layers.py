@@ -215,13 +215,14 @@ def _inductor_works() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _inductor_works(), reason="Inductor cannot compile on this machine")
 def test_inductor_decoder_matches_eager_across_lengths(megatron_group: None) -> None:
     """The engine's real backend (Inductor, here its C++ CPU code): outputs and gradients of the
     compiled decoder equal eager ones for the first length (a static graph) and for later
     lengths (the dynamic graph), in fp32."""
     from trainers.engines.megatron.model import compile_layers
 
+    if not _inductor_works():  # asked here, not at collection: it compiles
+        pytest.skip("Inductor cannot compile on this machine (no C++ compiler?)")
     eager, compiled = _model(0), _model(0)
     torch._dynamo.reset()
     compile_layers(compiled, backend="inductor")

@@ -21,7 +21,6 @@ import torch
 
 from agentrl.engine import EngineConfig
 from trainers.engines import ENGINES
-from trainers.engines.megatron.engine import MegatronEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainers"))
 from test_torch_engine import make_batch
@@ -59,6 +58,9 @@ def pipelined(
 @pytest.fixture(scope="module")
 def one_rank(megatron_group: None, tiny_models: dict[str, Path]) -> dict[str, Any]:
     """Single-rank Megatron results and the torch engine's HF weights, for comparison."""
+    # imported here, not at collection: megatron-core patches torch when imported
+    from trainers.engines.megatron.engine import MegatronEngine
+
     cfg = EngineConfig(
         model_path=str(tiny_models["qwen2"]), device="cpu", role="ref", micro_batch_size=2
     )
