@@ -1,5 +1,6 @@
 """Failures on real Ray: dead ranks, failing constructors and slow calls never hang the driver."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,25 @@ def _pool() -> ResourcePool:
     return ResourcePool(ResourcePool.Config(bundles_per_node=2, cpus_per_bundle=0.5))
 
 
+def _kill(handle: ray.actor.ActorHandle) -> None:
+    """ray.kill, then wait (bounded) until the actor is gone: the kill travels through Ray's
+    control plane, so a call sent right after it can still run on the live actor."""
+    ray.kill(handle)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.ping.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed actor still answers after 30 s")
+
+
 def test_killed_rank_is_a_worker_died_error(ray_local: None) -> None:
     wg = WorkerGroup(_pool(), EchoWorker, config=WorkerGroup.Config(call_timeout_s=60))
     try:
         assert wg.all_reduce_sum(0.0) == [1.0, 1.0]
-        ray.kill(wg.handles[1])
+        _kill(wg.handles[1])
         # rank 0 joins a collective that rank 1 will never reach: still no hang
         with pytest.raises(WorkerDiedError) as err:
             wg.all_reduce_sum(0.0)
