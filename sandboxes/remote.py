@@ -4,11 +4,12 @@
     r = await sb.exec("pytest -x", timeout_s=600)             # same API as any Sandbox
 
 Each method is one HTTP request (``agentrl.toolserver.http.ApiClient``: bearer token, a client
-per event loop, transport failures retried). Mutating requests (create, exec, write_file,
-upload) carry a fresh request id that a retry reuses, so a command never runs twice and a
-create retried after a lost response gets the sandbox the first try made. The server's
-structured errors come back as the exceptions a local sandbox raises: ``FileNotFoundError``,
-``IsADirectoryError``, ``PermissionError``, else ``SandboxError``. ``start_process`` gives a
+per event loop, transport failures retried); requests about the sandbox also carry the token
+its create returned (``X-Session-Token``), without which the server answers 403. Mutating
+requests (create, exec, write_file, upload) carry a fresh request id that a retry reuses, so a
+command never runs twice and a create retried after a lost response gets the sandbox the first
+try made. The server's structured errors come back as the exceptions a local sandbox raises:
+``FileNotFoundError``, ``IsADirectoryError``, ``PermissionError``, else ``SandboxError``. ``start_process`` gives a
 ``RemoteProcess`` whose reads long-poll the server, so the bash tool works unchanged.
 Files and directories move as request bodies (a tar for directories and downloads; links
 that leave the tree are refused on extraction, as locally).
@@ -33,6 +34,7 @@ from typing import Any, Self
 import httpx2
 
 from agentrl.errors import ConfigError, SandboxError
+from agentrl.http_guard import SESSION_HEADER
 from agentrl.sandbox import ExecResult, Sandbox, SandboxProcess, SweepReport, new_name
 from agentrl.toolserver.http import ApiClient, api_error
 
@@ -63,9 +65,12 @@ class RemoteSandbox(Sandbox):
         retries: int = 3
         retry_backoff_s: float = 0.5
 
-    def __init__(self, config: Config, api: ApiClient, sid: str, name: str, workdir: str):
+    def __init__(
+        self, config: Config, api: ApiClient, sid: str, name: str, workdir: str, token: str = ""
+    ) -> None:
         self.config = config
         self.api = api
+        self._headers = {SESSION_HEADER: token} if token else {}  # this sandbox's own token
         self.id = sid
         self.name = name
         self.workdir = workdir
@@ -97,7 +102,7 @@ class RemoteSandbox(Sandbox):
             await asyncio.shield(cls._forget(api, name))
             raise
         out = _json(r)
-        return cls(config, api, out["id"], out["name"], out["workdir"])
+        return cls(config, api, out["id"], out["name"], out["workdir"], out.get("token") or "")
 
     @staticmethod
     async def _forget(api: ApiClient, name: str) -> None:
@@ -111,7 +116,8 @@ class RemoteSandbox(Sandbox):
     ) -> httpx2.Response:
         if self._closed:
             raise SandboxError(f"sandbox {self.name} is closed")
-        r = await self.api.send("POST", f"/sandboxes/{self.id}/{op}", timeout_s=timeout_s, **kwargs)
+        r = await self.api.send("POST", f"/sandboxes/{self.id}/{op}", timeout_s=timeout_s,
+                                headers=self._headers, **kwargs)  # fmt: skip
         _check(r)
         return r
 
@@ -185,7 +191,7 @@ class RemoteSandbox(Sandbox):
             return
         self._closed = True
         with contextlib.suppress(Exception):  # the server's idle TTL closes it anyway
-            await self.api.send("DELETE", f"/sandboxes/{self.id}")
+            await self.api.send("DELETE", f"/sandboxes/{self.id}", headers=self._headers)
         await self.api.aclose()
 
     @classmethod

@@ -3,7 +3,7 @@
     python -m sandboxes.server --port 8771 --token "$AGENTRL_SANDBOX_TOKEN"   # on the sandbox host
     sb = await make_sandbox("remote", url="http://host:8771", token=...)     # anywhere else
 
-    POST   /sandboxes                      {name, options, request_id} -> {id, name, workdir}
+    POST   /sandboxes                      {name, options, request_id} -> {id, name, workdir, token}
     POST   /sandboxes/{id}/exec            {cmd, timeout_s, cwd, env, stdin_b64, request_id}
     POST   /sandboxes/{id}/read_file       {path} -> {data_b64}
     POST   /sandboxes/{id}/write_file      {path, data_b64, mode, request_id}
@@ -13,11 +13,15 @@
                                            interrupt|kill   (long-lived shells, e.g. the bash tool)
     DELETE /sandboxes/{id}                 POST /sandboxes/sweep {prefix}    GET /health (no auth)
 
-Each server sandbox is a sandbox of ``backend`` (default "local": bubblewrap + cgroups); the
+Before a body is read, ``HttpGuard`` (``agentrl/http_guard.py``) checks the bearer token (401),
+the sandbox's own token in ``X-Session-Token`` on every ``/sandboxes/{id}/...`` request (403;
+issued by the create, on by default, so a client cannot drive another's sandbox), and the
+body cap (413; uploads have a larger one). Each server sandbox is a sandbox of ``backend`` (default "local": bubblewrap + cgroups); the
 client's name is kept, so ``sweep(prefix)`` reaches it. A create is idempotent by request id: a
 retry (e.g. after a lost response) gets the sandbox the first try made, waiting for it if it is
 still being made, and another request asking for a name in use is refused (409). A create
-without a request id and with the name of an existing sandbox gets that sandbox (older clients).
+without a request id and with the name of an existing sandbox gets that sandbox (older clients),
+unless per-sandbox tokens are on (the default): then it is refused (409) like any other.
 Clients may set only the config keys
 in ``allowed_options`` (limits, by default; never paths). Mutating calls carry a request id
 and a retried id is answered from a cache, so a command never runs twice. Failures travel as
@@ -35,6 +39,7 @@ import contextlib
 import io
 import logging
 import re
+import secrets
 import tarfile
 import tempfile
 import time
@@ -45,16 +50,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from pydantic import BaseModel, Field
 
 from agentrl.errors import ConfigError, SandboxError
+from agentrl.http_guard import SESSION_HEADER, HttpGuard, Refusal, header, tokens_equal
 from agentrl.sandbox import Sandbox, make_sandbox, new_name, sweep
 from agentrl.toolserver.http import (
     NO_DOCS,
     ApiError,
     ReplayCache,
-    bearer_auth,
     install_error_handlers,
 )
 from sandboxes._server_processes import PipedProcess, process_routes
@@ -106,6 +111,7 @@ class Entry:
     last_used: float = field(default_factory=time.monotonic)
     busy: int = 0
     request_id: str = ""  # of the create that made it
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))  # X-Session-Token
 
 
 class SandboxServer:
@@ -125,6 +131,13 @@ class SandboxServer:
         replay_cache: int = 64
         """exec/write answers kept per sandbox for retried request ids."""
         reap_interval_s: float = 10.0
+        sandbox_tokens: bool = True
+        """Issue a token with each sandbox and answer 403 to requests about the sandbox without
+        it (``X-Session-Token``); off, any holder of the bearer token may use any sandbox."""
+        max_body_bytes: int = 64 << 20
+        """Largest request body (exec stdin, write_file data, base64); larger ones get 413."""
+        max_upload_bytes: int = 1 << 30
+        """Largest upload body (a file, or a tar of a directory; held in memory once)."""
 
     def __init__(self, config: Config | None = None, sandbox_config: object | None = None):
         self.config = config or SandboxServer.Config()
@@ -197,7 +210,7 @@ class SandboxServer:
         for sid, e in self.entries.items():
             if e.sandbox.name != req.name:
                 continue
-            if req.request_id:  # another client's, or an earlier run's: never hand it out
+            if req.request_id or self.config.sandbox_tokens:  # never hand out another's
                 raise ApiError(409, "name_taken", f"a sandbox named {req.name} exists already "
                                "(made by another request); pick another name")  # fmt: skip
             return sid, e.sandbox  # no request id: a retried create from an older client
@@ -223,6 +236,18 @@ class SandboxServer:
         self.entries[sid] = Entry(sandbox=sb, cache=ReplayCache(self.config.replay_cache),
                                   request_id=req.request_id)  # fmt: skip
         return sid, sb
+
+    def authorize(self, scope: Any) -> Refusal | None:
+        """403 for a request about a sandbox without that sandbox's token (before the body)."""
+        parts = str(scope["path"]).split("/")  # ["", "sandboxes", id, ...]
+        if not self.config.sandbox_tokens or len(parts) < 3 or parts[1] != "sandboxes":
+            return None
+        e = self.entries.get(parts[2])
+        if e is None or tokens_equal(header(scope, SESSION_HEADER.lower().encode()), e.token):
+            return None  # unknown ids (and /sandboxes/sweep) are the app's to answer
+        return Refusal(403, "wrong_sandbox_token",
+                       f"sandbox {parts[2]} was created by another client: send the token "
+                       f"its create returned in {SESSION_HEADER}")  # fmt: skip
 
     async def remove(self, sid: str) -> bool:
         e = self.entries.pop(sid, None)
@@ -271,7 +296,12 @@ class SandboxServer:
         app = FastAPI(title="agentrl sandbox server", lifespan=lifespan, **NO_DOCS)
         install_error_handlers(app)
         app.get("/health")(lambda: {"ok": True, "sandboxes": len(self.entries)})
-        app.include_router(_router(self), dependencies=[Depends(bearer_auth(self.config.token))])
+        app.include_router(_router(self))
+        c = self.config
+        guard = HttpGuard.Config(token=c.token, max_body_bytes=c.max_body_bytes,
+                                 route_caps={"/sandboxes/*/upload": c.max_upload_bytes},
+                                 cap_hint="raise the server's --max-body-mb or --max-upload-mb")  # fmt: skip
+        app.add_middleware(HttpGuard, config=guard, authorize=self.authorize)
         return app
 
 
@@ -281,7 +311,10 @@ def _router(srv: SandboxServer) -> APIRouter:
     @r.post("")
     async def create(req: CreateRequest) -> dict[str, str]:
         sid, sb = await srv.create(req)
-        return {"id": sid, "name": sb.name, "workdir": sb.workdir}
+        e = srv.entries.get(sid)
+        if e is None:
+            raise ApiError(410, "swept", f"sandbox {sb.name} was closed as it was created")
+        return {"id": sid, "name": sb.name, "workdir": sb.workdir, "token": e.token}
 
     @r.delete("/{sid}")
     async def remove(sid: str) -> dict[str, bool]:
@@ -384,10 +417,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--token", default=os.environ.get(TOKEN_ENV, ""))
     p.add_argument("--backend", default="local")
     p.add_argument("--max-sandboxes", type=int, default=64)
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body")
+    p.add_argument("--max-upload-mb", type=float, default=1024.0, help="largest upload body")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     check_bind(a.host, a.token)
-    cfg = SandboxServer.Config(token=a.token, backend=a.backend, max_sandboxes=a.max_sandboxes)
+    cfg = SandboxServer.Config(token=a.token, backend=a.backend, max_sandboxes=a.max_sandboxes,
+                               max_body_bytes=int(a.max_body_mb * (1 << 20)),
+                               max_upload_bytes=int(a.max_upload_mb * (1 << 20)))  # fmt: skip
     uvicorn.run(SandboxServer(cfg).app(), host=a.host, port=a.port, log_level="warning",
                 loop=SERVER_LOOP)  # fmt: skip
 

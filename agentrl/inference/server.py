@@ -16,7 +16,12 @@ Endpoints: ``/generate``; ``/v1/completions``, ``/v1/chat/completions``, ``/v1/m
 ``/update_weights_from_distributed``, ``/destroy_weights_update_group``, in
 ``server_collective.py``); ``/pause_generation``, ``/continue_generation``, ``/abort_request``.
 Errors are ``{"error": {"message", "type", "code"}}`` with a 4xx for bad input and a 5xx when
-the engine failed. Bodies are parsed from raw bytes and answers written as raw JSON, skipping
+the engine failed. ``HttpGuard`` (``agentrl/http_guard.py``) runs before any body is read: an
+optional bearer token (``--api-key`` or ``AGENTRL_INFERENCE_API_KEY``, SGLang's and vLLM's
+``Authorization: Bearer`` scheme; off by default, for loopback; ``/health`` stays open) and
+a body cap (413): ``--max-body-mb`` (64) for every route but ``/update_weights_from_tensor``,
+whose safetensors buckets have ``--max-weight-body-mb`` (16384; a bucket holds at least one
+whole tensor, so keep it above the largest tensor and the sync's ``bucket_bytes``). Bodies are parsed from raw bytes and answers written as raw JSON, skipping
 FastAPI's per-request encoders.
 """
 
@@ -26,6 +31,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import uuid
 from dataclasses import dataclass
@@ -35,6 +41,7 @@ from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from agentrl.errors import ConfigError
+from agentrl.http_guard import HttpGuard, is_loopback
 from agentrl.inference.engine import Engine, EngineRequest, EngineResult, RequestParams
 from agentrl.inference.wire import (
     GenerateRequest,
@@ -45,6 +52,19 @@ from agentrl.inference.wire import (
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
+API_KEY_ENV = "AGENTRL_INFERENCE_API_KEY"
+WEIGHT_BODY_ROUTES = ("/update_weights_from_tensor",)
+"""Routes whose bodies are weights (safetensors buckets), capped by ``max_weight_body_bytes``."""
+
+
+def guard_config(
+    api_key: str = "", *, max_body_bytes: int = 64 << 20, max_weight_body_bytes: int = 16 << 30
+) -> HttpGuard.Config:
+    """The inference server's guard: optional bearer token, body caps (weights get their own)."""
+    return HttpGuard.Config(token=api_key, max_body_bytes=max_body_bytes,
+                            route_caps={r: max_weight_body_bytes for r in WEIGHT_BODY_ROUTES},
+                            cap_hint="restart the server with a larger --max-body-mb "
+                            "(weight updates: --max-weight-body-mb)")  # fmt: skip
 
 
 def json_response(obj: object, status: int = 200) -> Response:
@@ -221,8 +241,9 @@ def _per_item(value: Any, n: int, name: str) -> list[Any]:
     return value
 
 
-def build_app(engine: Engine, model_name: str) -> FastAPI:
-    """The FastAPI app serving ``engine`` (which must already be started)."""
+def build_app(engine: Engine, model_name: str, guard: HttpGuard.Config | None = None) -> FastAPI:
+    """The FastAPI app serving ``engine`` (which must already be started), behind ``guard``
+    (default: ``guard_config()``, no token)."""
     from agentrl.inference.openai_api import add_openai_routes
     from agentrl.inference.server_weights import add_control_routes
 
@@ -252,6 +273,7 @@ def build_app(engine: Engine, model_name: str) -> FastAPI:
 
     add_control_routes(app, state)
     add_openai_routes(app, state)
+    app.add_middleware(HttpGuard, config=guard or guard_config())
     return app
 
 
@@ -287,6 +309,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-threads", type=int, default=0)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--log-level", default="info")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV, ""),
+                   help=f"bearer token every route but /health requires (default: ${API_KEY_ENV}; "
+                   "none: open to anyone who can reach the port)")  # fmt: skip
+    p.add_argument("--max-body-mb", type=float, default=64.0,
+                   help="largest request body; larger ones get 413 unread")  # fmt: skip
+    p.add_argument("--max-weight-body-mb", type=float, default=16384.0,
+                   help="largest /update_weights_from_tensor body (one safetensors bucket)")  # fmt: skip
     p.add_argument(
         "--exit-with-parent",
         type=int,
@@ -306,6 +335,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if not a.api_key and not is_loopback(a.host):
+        logger.warning("serving on %s without --api-key: anyone who can reach it can generate "
+                       "and replace the weights", a.host)  # fmt: skip
+    guard = guard_config(a.api_key, max_body_bytes=int(a.max_body_mb * (1 << 20)),
+                         max_weight_body_bytes=int(a.max_weight_body_mb * (1 << 20)))  # fmt: skip
     engine = Engine(Engine.Config(model=a.model, dtype=a.dtype, device=a.device,
                                   max_batch_size=a.max_batch_size,
                                   max_prefill_tokens=a.max_prefill_tokens, seed=a.seed,
@@ -313,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     engine.start()
     if a.exit_with_parent:
         _watch_parent(a.exit_with_parent)
-    app = build_app(engine, a.served_model_name or a.model)
+    app = build_app(engine, a.served_model_name or a.model, guard)
     logger.info("serving %s on http://%s:%d", a.model, a.host, a.port)
     try:
         # Keep-alive outlives the client's idle gaps (a trajectory's env step between turns):

@@ -61,6 +61,9 @@ def tools_serve(
         float, typer.Option(help="Close sessions idle this many seconds.")
     ] = 1800.0,
     max_sandboxes: Annotated[int, typer.Option(help="At most this many live sandboxes.")] = 32,
+    max_body_mb: Annotated[
+        float, typer.Option(help="Largest request body; larger ones get 413 unread.")
+    ] = 16.0,
 ) -> None:
     """Serve a ToolSet over HTTP: one session (and sandbox) per trajectory."""
     import uvicorn
@@ -72,6 +75,7 @@ def tools_serve(
     config = ToolServer.Config(
         token=token, sandbox=sandbox, call_timeout_s=call_timeout, rate_per_s=rate, burst=burst,
         session_ttl_s=session_ttl, pool=SandboxPool.Config(max_active=max_sandboxes),
+        max_body_bytes=int(max_body_mb * (1 << 20)),
     )  # fmt: skip
     server = build_server(load_toolset(factory), config)
     logger.info("serving %r on http://%s:%d", server.tools, host, port)

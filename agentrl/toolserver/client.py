@@ -9,15 +9,17 @@
 
 How data moves: ``call(tool_call, env=...)`` finds the session of the trajectory (keyed by the
 injected ``env``, which AgentLoops and ``Env.acall_tools`` pass; one env per trajectory),
-opening one with ``POST /sessions`` on first use -> ``POST /sessions/{id}/call`` with
-a fresh ``request_id`` -> ``ToolResult``. A transport failure is retried with the same
+opening one with ``POST /sessions`` on first use (the answer carries the session's token,
+sent back in ``X-Session-Token`` with every request about the session) ->
+``POST /sessions/{id}/call`` with a fresh ``request_id`` -> ``ToolResult``. A transport failure is retried with the same
 request id (the server answers a retry from its cache, so a tool never runs twice). The
 session is closed when its env is garbage-collected, by ``release(env)`` or ``aclose()``,
 and otherwise by the server's idle TTL. Without an injected env all calls share one session.
 
 Errors: tool failures, timeouts and rate limits are ``ToolResult(is_error=True)`` as locally;
 an unreachable server, an expired session or a sandbox failure raise ``SandboxError``
-(-> ``RolloutStatus.ERROR_SANDBOX``); a refused token raises ``ToolError``.
+(-> ``RolloutStatus.ERROR_SANDBOX``); a refused token (401, or 403 for a session's token)
+and a body over the server's cap (413) raise ``ToolError``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 import httpx2
 
 from agentrl.errors import SandboxError, ToolError
+from agentrl.http_guard import SESSION_HEADER
 from agentrl.tool import Tool, ToolResult, ToolSet
 from agentrl.toolserver.http import TOKEN_ENV, ApiClient, api_error
 from agentrl.types import JSON, ToolCall
@@ -73,7 +76,7 @@ def _json_or_raise(r: httpx2.Response, url: str) -> Any:
     if r.status_code == 401:
         raise ToolError(f"tool server {url} refused the token ({msg}); pass token= or set "
                         f"{TOKEN_ENV}")  # fmt: skip
-    if kind in ("tool_error", "bad_request"):
+    if kind in ("tool_error", "bad_request", "wrong_session_token", "body_too_large"):
         raise ToolError(f"tool server {url}: {msg}")
     raise SandboxError(f"tool server {url}: {kind}: {msg}")
 
@@ -85,8 +88,12 @@ class _Http:
                              retries=config.retries, backoff_s=config.retry_backoff_s)  # fmt: skip
         self.headers = self.api.headers
 
-    async def request(self, method: str, path: str, body: JSON | None = None) -> Any:
-        return _json_or_raise(await self.api.send(method, path, json=body), self.api.url)
+    async def request(
+        self, method: str, path: str, body: JSON | None = None, session_token: str = ""
+    ) -> Any:
+        headers = {SESSION_HEADER: session_token} if session_token else None
+        r = await self.api.send(method, path, json=body, headers=headers)
+        return _json_or_raise(r, self.api.url)
 
     async def aclose(self) -> None:
         await self.api.aclose()
@@ -95,10 +102,13 @@ class _Http:
 class RemoteToolSession(ToolSet):
     """The tools of one server session (one trajectory's sandbox)."""
 
-    def __init__(self, http: _Http, session_id: str, schemas: list[JSON], name: str) -> None:
+    def __init__(
+        self, http: _Http, session_id: str, schemas: list[JSON], name: str, token: str = ""
+    ) -> None:
         super().__init__(name=name)
         self._http = http
         self.session_id = session_id
+        self._token = token  # the session's own token (X-Session-Token)
         self.closed = False
         for schema in schemas:
             self.add(SchemaTool(schema, self.call))
@@ -110,7 +120,8 @@ class RemoteToolSession(ToolSet):
         # models write their own call ids)
         body = {"name": tool_call.name, "arguments": tool_call.arguments,
                 "request_id": uuid.uuid4().hex}  # fmt: skip
-        out = await self._http.request("POST", f"/sessions/{self.session_id}/call", body)
+        out = await self._http.request("POST", f"/sessions/{self.session_id}/call", body,
+                                       self._token)  # fmt: skip
         meta = out.get("metadata") or {}
         return ToolResult(content=str(out["content"]), is_error=bool(out["is_error"]),
                           metadata=meta if isinstance(meta, dict) else {"value": meta})  # fmt: skip
@@ -120,7 +131,7 @@ class RemoteToolSession(ToolSet):
             return
         self.closed = True
         try:
-            await self._http.request("DELETE", f"/sessions/{self.session_id}")
+            await self._http.request("DELETE", f"/sessions/{self.session_id}", None, self._token)
         except Exception as e:  # the server's TTL closes it anyway
             logger.warning("closing tool session %s failed: %s", self.session_id, e)
 
@@ -197,7 +208,8 @@ class RemoteToolSet(ToolSet):
         if self._schemas is None:
             await self.refresh()
         out = await self._http.request("POST", "/sessions")
-        return RemoteToolSession(self._http, str(out["session_id"]), self._schemas or [], self.name)
+        return RemoteToolSession(self._http, str(out["session_id"]), self._schemas or [],
+                                 self.name, str(out.get("session_token") or ""))  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[RemoteToolSession]:

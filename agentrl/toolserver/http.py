@@ -1,15 +1,16 @@
 """HTTP plumbing shared by the tool server and the sandbox server.
 
-    app = FastAPI()
+    app = FastAPI(**NO_DOCS)
     install_error_handlers(app)                          # every failure -> {"error": {...}} JSON
-    app.include_router(router, dependencies=[Depends(bearer_auth(token))])
+    app.add_middleware(HttpGuard, config=HttpGuard.Config(token=token), authorize=...)
     check_bind(host, token)                               # no token off loopback: refuse
 
-Request -> bearer_auth (constant-time compare) -> handler -> a ``ReplayCache`` keyed by the
-client's ``request_id`` (a retried request returns the first answer, it never runs twice)
--> JSON. ``TokenBucket`` rate-limits a session. ``ApiClient`` is the client side (httpx2, a
-client per event loop, retries of transport failures). ``ServerThread`` runs an app under
-uvicorn in a background thread (tests, embedding); ``agentrl tools serve`` runs it in the main one.
+Request -> ``HttpGuard`` (``agentrl/http_guard.py``: bearer token and per-session token checked
+before the body is read, body cap) -> handler -> a ``ReplayCache`` keyed by the client's
+``request_id`` (a retried request returns the first answer, it never runs twice) -> JSON.
+``TokenBucket`` rate-limits a session. ``ApiClient`` is the client side (httpx2, a client per
+event loop, retries of transport failures). ``ServerThread`` runs an app under uvicorn in a
+background thread (tests, embedding); ``agentrl tools serve`` runs it in the main one.
 
 Servers run on asyncio's own event loop (``SERVER_LOOP``), not uvloop: libuv (1.45+) accepts
 one connection per loop iteration, and a loop busy starting sandbox processes then takes
@@ -21,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import ipaddress
 import logging
 import threading
 import time
@@ -38,6 +37,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentrl.errors import ConfigError, SandboxError
+from agentrl.http_guard import bearer_headers, is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -89,29 +89,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, bad_request)
     app.add_exception_handler(Exception, internal)
-
-
-def bearer_auth(token: str) -> Callable[[Request], None]:
-    """A FastAPI dependency that requires ``Authorization: Bearer <token>`` (when set)."""
-    expected = f"Bearer {token}".encode()
-
-    def check(request: Request) -> None:
-        if not token:
-            return
-        got = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(got, expected):
-            raise ApiError(401, "unauthorized", "missing or wrong bearer token")
-
-    return check
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, token: str) -> None:
@@ -197,7 +174,7 @@ class ApiClient:
         self, url: str, token: str, *, timeout_s: float, retries: int, backoff_s: float
     ) -> None:
         self.url = url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers = bearer_headers(token)
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s

@@ -4,13 +4,16 @@
     uvicorn.run(server.app(), host="127.0.0.1", port=8770, loop=SERVER_LOOP)  # not uvloop
     # or: agentrl tools serve ...    (SERVER_LOOP: agentrl.toolserver.http explains why)
 
-    POST   /sessions                    -> {"session_id", "tools"}   (a sandbox from the pool)
+    POST   /sessions                    -> {"session_id", "session_token", "tools"}  (+ a sandbox)
     GET    /tools                       -> [OpenAI function-tool schema, ...]
     POST   /sessions/{id}/call          {name, arguments, request_id} -> ToolResult JSON
     DELETE /sessions/{id}               closes the session and its sandbox
     GET    /health (no auth)            GET /metrics -> calls, errors, latency per tool
 
-How a call moves: bearer auth -> the session (404 if unknown or expired) -> the replay cache
+How a call moves: ``HttpGuard`` (``agentrl/http_guard.py``), before the body is read: bearer
+token (401), the session's token in ``X-Session-Token`` (403; per-session tokens are on by
+default, so one client cannot drive another's sandbox), the body cap (413) -> the session
+(404 if unknown or expired) -> the replay cache
 (a request_id seen before returns its first answer; nothing runs twice) -> the session's token
 bucket (over the limit: an error result the model reads) -> ``ToolSet.call`` with the session's
 sandbox injected, under the tool's timeout -> ``ToolResult`` JSON. The model's mistakes, tool
@@ -28,16 +31,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Response
+from fastapi import APIRouter, FastAPI, Response
 from pydantic import BaseModel, Field
 
 from agentrl.errors import ConfigError, SandboxError, ToolError
+from agentrl.http_guard import SESSION_HEADER, HttpGuard, Refusal, header, tokens_equal
 from agentrl.sandbox import Sandbox
 from agentrl.sandbox_pool import SandboxPool
 from agentrl.tool import ToolResult, ToolSet
@@ -46,7 +51,6 @@ from agentrl.toolserver.http import (
     ApiError,
     ReplayCache,
     TokenBucket,
-    bearer_auth,
     install_error_handlers,
 )
 from agentrl.types import JSON, ToolCall
@@ -79,6 +83,8 @@ class Session:
     id: str
     bucket: TokenBucket
     cache: ReplayCache[ToolResult]
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    """Sent by the session's client in ``X-Session-Token`` on every request about it."""
     sandbox: Sandbox | None = None
     stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
     last_used: float = field(default_factory=time.monotonic)
@@ -109,6 +115,12 @@ class ToolServer:
         replay_cache: int = 256
         """Answers kept per session for retried request ids."""
         reap_interval_s: float = 5.0
+        session_tokens: bool = True
+        """Issue a token with each session and answer 403 to requests about the session
+        without it (``X-Session-Token``); off, any holder of the bearer token may use any
+        session."""
+        max_body_bytes: int = 16 << 20
+        """Largest request body (a call's arguments); larger ones get 413 unread."""
 
     def __init__(
         self, tools: ToolSet, config: Config | None = None, sandbox_config: object | None = None
@@ -277,8 +289,23 @@ class ToolServer:
         )
         install_error_handlers(app)
         app.get("/health")(lambda: {"ok": True, "tools": len(self.tools)})
-        app.include_router(self._router(), dependencies=[Depends(bearer_auth(self.config.token))])
+        app.include_router(self._router())
+        guard = HttpGuard.Config(token=self.config.token, max_body_bytes=self.config.max_body_bytes,
+                                 cap_hint="raise ToolServer.Config.max_body_bytes")  # fmt: skip
+        app.add_middleware(HttpGuard, config=guard, authorize=self._authorize)
         return app
+
+    def _authorize(self, scope: Any) -> Refusal | None:
+        """403 for a request about a session without that session's token (before the body)."""
+        parts = str(scope["path"]).split("/")  # ["", "sessions", id, ...]
+        if not self.config.session_tokens or len(parts) < 3 or parts[1] != "sessions":
+            return None
+        s = self.sessions.get(parts[2])
+        if s is None or tokens_equal(header(scope, SESSION_HEADER.lower().encode()), s.token):
+            return None  # unknown sessions get the app's 404
+        return Refusal(403, "wrong_session_token",
+                       f"session {parts[2]} was opened by another client: send the "
+                       f"session_token that POST /sessions returned in {SESSION_HEADER}")  # fmt: skip
 
     def _router(self) -> APIRouter:
         r = APIRouter()
@@ -290,7 +317,7 @@ class ToolServer:
         @r.post("/sessions")
         async def open_session() -> JSON:
             s = await self.open_session()
-            return {"session_id": s.id, "tools": self.tools.names}
+            return {"session_id": s.id, "session_token": s.token, "tools": self.tools.names}
 
         @r.delete("/sessions/{session_id}")
         async def close_session(session_id: str) -> JSON:

@@ -74,7 +74,8 @@ async def test_retried_exec_request_runs_once(sandbox_server: Server) -> None:
     sb = await remote(url)
     assert isinstance(sb, RemoteSandbox)
     body = {"cmd": "echo run >> log; wc -l < log", "request_id": uuid.uuid4().hex}
-    async with httpx2.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+    headers = {"Authorization": f"Bearer {TOKEN}", **sb._headers}  # + the sandbox's own token
+    async with httpx2.AsyncClient(base_url=url, headers=headers) as c:
         first = (await c.post(f"/sandboxes/{sb.id}/exec", json=body)).json()
         again = (await c.post(f"/sandboxes/{sb.id}/exec", json=body)).json()
         r = await c.post("/sandboxes/nope/exec", json=body)

@@ -23,6 +23,12 @@ from tests.toolserver import toolsets
 from tests.toolserver.conftest import TOKEN, serve
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SESSION_TOKENS: dict[str, str] = {}  # session id -> the token POST /sessions issued with it
+
+
+def own(sid: str) -> dict[str, str]:
+    """The header that proves a request comes from the session's client."""
+    return {"X-Session-Token": SESSION_TOKENS.get(sid, "")}
 
 
 @pytest.fixture
@@ -41,15 +47,16 @@ async def http(basic: tuple[ToolServer, str]) -> AsyncIterator[httpx2.AsyncClien
 async def open_session(http: httpx2.AsyncClient) -> str:
     r = await http.post("/sessions")
     assert r.status_code == 200, r.text
-    return str(r.json()["session_id"])
+    sid = str(r.json()["session_id"])
+    SESSION_TOKENS[sid] = r.json()["session_token"]
+    return sid
 
 
 async def call(
     http: httpx2.AsyncClient, sid: str, name: str, rid: str = "", **args: object
 ) -> dict:  # type: ignore[type-arg]
-    r = await http.post(
-        f"/sessions/{sid}/call", json={"name": name, "arguments": args, "request_id": rid}
-    )
+    r = await http.post(f"/sessions/{sid}/call", headers=own(sid),
+                        json={"name": name, "arguments": args, "request_id": rid})  # fmt: skip
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
 
@@ -59,7 +66,8 @@ async def test_auth_required_everywhere_but_health(basic: tuple[ToolServer, str]
     async with httpx2.AsyncClient(base_url=url) as c:
         assert (await c.get("/health")).status_code == 200
         for path in ("/docs", "/redoc", "/openapi.json"):
-            r = await c.get(path)
+            assert (await c.get(path)).status_code == 401  # unknown paths are not told apart
+            r = await c.get(path, headers=AUTH)
             assert r.status_code == 404 and r.json()["error"]["type"] == "http"
         for method, path in [("GET", "/tools"), ("POST", "/sessions"), ("GET", "/metrics"),
                              ("POST", "/sessions/x/call"), ("DELETE", "/sessions/x")]:  # fmt: skip
@@ -95,7 +103,7 @@ async def test_tool_failures_are_results_not_http_errors(http: httpx2.AsyncClien
     out = await call(http, sid, "slow", seconds=30)
     assert out["is_error"] and out["metadata"]["error"] == "timeout" and "0.3s" in out["content"]
     assert (await call(http, sid, "echo", text="still fine"))["content"] == "still fine"
-    r = await http.post(f"/sessions/{sid}/call", json={"arguments": {}})
+    r = await http.post(f"/sessions/{sid}/call", json={"arguments": {}}, headers=own(sid))
     assert r.status_code == 422 and r.json()["error"]["type"] == "bad_request"
     r = await http.post("/sessions/nope/call", json={"name": "echo", "arguments": {"text": "x"}})
     assert r.status_code == 404 and r.json()["error"]["type"] == "unknown_session"
@@ -145,7 +153,7 @@ async def test_metrics_count_calls_errors_and_latency(http: httpx2.AsyncClient) 
     assert m["tools"]["boom"]["errors"] == 1
     assert m["tools"]["slow"]["timeouts"] == 1 and m["tools"]["slow"]["latency_s_max"] > 0
     assert m["sessions_open"] == 1
-    assert (await http.delete(f"/sessions/{sid}")).json() == {"closed": True}
+    assert (await http.delete(f"/sessions/{sid}", headers=own(sid))).json() == {"closed": True}
     assert (await http.get("/metrics")).json()["sessions_open"] == 0
 
 
