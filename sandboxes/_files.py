@@ -7,8 +7,10 @@ A backend subclasses ``ExecFileOps`` and provides ``_run(argv, *, stdin=..., std
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 from abc import abstractmethod
@@ -84,12 +86,12 @@ class ExecFileOps(Sandbox):
             r = await self._run(["/bin/sh", "-c", script, "sh", src], stdout_file=f)
             _raise_for_file(r, src, "download")
             f.seek(0)
-            with tempfile.TemporaryDirectory(dir=dst.parent) as tmp, tarfile.open(fileobj=f) as tar:
+            with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
                 try:
-                    tar.extractall(tmp, filter="data")
-                except tarfile.FilterError as e:
+                    extract_tar(f, Path(tmp) / "x")
+                except SandboxError as e:
                     raise SandboxError(f"refusing to download {src}: {e}") from None
-                (entry,) = Path(tmp).iterdir()
+                (entry,) = (Path(tmp) / "x").iterdir()
                 if dst.is_dir() and entry.is_dir():
                     shutil.rmtree(dst)
                 entry.replace(dst)
@@ -106,3 +108,124 @@ def _raise_for_file(r: ExecResult, path: str, what: str) -> None:
         raise PermissionError(f"{path} is not readable inside the sandbox")
     why = "timed out" if r.timed_out else (r.stderr.strip() or f"exit code {r.exit_code}")
     raise SandboxError(f"cannot {what} {path} in the sandbox: {why}")
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def extract_tar(archive: IO[bytes], dest: Path) -> None:
+    """Extract a tar made inside a sandbox into the new directory ``dest``, never following a
+    link: every path component is opened ``O_NOFOLLOW`` relative to its parent's descriptor.
+
+    Not ``tarfile.extractall(filter="data")``: its checks resolve paths with ``realpath``,
+    which a crafted chain of links has fooled (CVE-2025-4517 and siblings), and this runs as
+    the host user, often root. Refused (``SandboxError``): absolute or ``..`` member names,
+    absolute links, links whose target climbs after descending (``x/..``) or out of the tree,
+    devices and fifos, a link or file where a directory is needed. Hard links become copies;
+    modes lose setuid/setgid and group/other write; ownership is the caller's.
+    """
+    dest.mkdir(mode=0o700)
+    root = os.open(dest, _DIR)
+    try:
+        with tarfile.open(fileobj=archive) as tar:
+            for m in tar:
+                _extract_member(tar, m, root)
+    except (OSError, tarfile.TarError) as e:
+        raise SandboxError(f"cannot extract {getattr(e, 'filename', '') or ''} ({e})") from None
+    finally:
+        os.close(root)
+
+
+def _parts(name: str) -> list[str]:
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if name.startswith("/") or ".." in parts:
+        raise SandboxError(f"member {name!r} is absolute or climbs out of the archive")
+    return parts
+
+
+def _open_parent(root: int, parts: list[str], *, create: bool) -> int:
+    """A descriptor of the directory holding ``parts[-1]`` (each hop O_NOFOLLOW)."""
+    fd = os.dup(root)
+    try:
+        for p in parts[:-1]:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(p, 0o700, dir_fd=fd)
+            try:
+                nfd = os.open(p, _DIR, dir_fd=fd)
+            except OSError as e:  # ELOOP / ENOTDIR: a link or a file where a directory must be
+                raise SandboxError(f"{'/'.join(parts)}: {p!r} is not a directory ({e.strerror})"
+                                   ) from None  # fmt: skip
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _link_target_ok(parts: list[str], target: str) -> bool:
+    """Relative, only leading ``..`` hops, and those stay inside the tree (the link's own
+    ancestors are real directories here, so leading hops are exact)."""
+    if target.startswith("/"):
+        return False
+    hops = [p for p in target.split("/") if p not in ("", ".")]
+    ups = 0
+    while ups < len(hops) and hops[ups] == "..":
+        ups += 1
+    return ".." not in hops[ups:] and ups <= len(parts) - 1
+
+
+def _extract_member(tar: tarfile.TarFile, m: tarfile.TarInfo, root: int) -> None:
+    parts = _parts(m.name)
+    if not parts:  # the archive's "." entry
+        return
+    if not (m.isdir() or m.isreg() or m.issym() or m.islnk()):
+        raise SandboxError(f"member {m.name!r} is a device or fifo")
+    parent = _open_parent(root, parts, create=True)
+    leaf = parts[-1]
+    try:
+        if m.isdir():
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(leaf, 0o700, dir_fd=parent)
+            fd = _open_parent(parent, [leaf, ""], create=False)
+            os.fchmod(fd, (m.mode & 0o755) | 0o700)
+            os.close(fd)
+            return
+        _remove_leaf(parent, leaf)
+        if m.issym():
+            if not _link_target_ok(parts, m.linkname):
+                raise SandboxError(f"link {m.name!r} -> {m.linkname!r} leaves the tree")
+            os.symlink(m.linkname, leaf, dir_fd=parent)
+            return
+        src = tar.extractfile(m) if m.isreg() else None
+        if m.islnk():  # a copy of a member extracted before
+            lparts = _parts(m.linkname)
+            lparent = _open_parent(root, lparts, create=False)
+            try:
+                lfd = os.open(lparts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=lparent)  # fmt: skip
+            finally:
+                os.close(lparent)
+            src = os.fdopen(lfd, "rb")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(leaf, flags, 0o600, dir_fd=parent)
+        with os.fdopen(fd, "wb") as out:
+            if src is not None:
+                with src:
+                    shutil.copyfileobj(src, out)
+            os.fchmod(out.fileno(), (m.mode & 0o755) | 0o600)
+            os.utime(out.fileno(), (m.mtime, m.mtime))
+    finally:
+        os.close(parent)
+
+
+def _remove_leaf(parent: int, leaf: str) -> None:
+    """Make room for a file or link; a directory there is an error (never replaced)."""
+    try:
+        st = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise SandboxError(f"{leaf!r} is a directory in the archive and then something else")
+    os.unlink(leaf, dir_fd=parent)

@@ -74,18 +74,36 @@ def kill_marked(prefix: str, *, exact: bool = False, rounds: int = 5) -> int:
 
 
 async def copy_tree(src: Path, dst: Path, uid: int | None) -> None:
+    """Copy a *host* template into a new workspace, as root, before any sandbox process exists.
+
+    Only for trees no sandbox can write to: a copy of a sandbox's own workspace must resolve
+    its paths as the sandbox user (``_local_process.Chain.copy_argv``, the docker backend's
+    copy container), never as root."""
     if not src.is_dir():
         raise ConfigError(f"template_dir {str(src)!r} is not a directory")
     cmds = [["cp", "-a", "--reflink=auto", f"{src}/.", f"{dst}/"]]
     if uid is not None:
         cmds.append(["chown", "-R", "-h", f"{uid}:{uid}", str(dst)])
     for cmd in cmds:
-        p = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE)
-        _, err = await p.communicate()
-        if p.returncode:
-            raise SandboxError(
-                f"{' '.join(cmd[:3])} failed: {err.decode(errors='replace').strip()}"
-            )
+        await run_checked(cmd, what=" ".join(cmd[:3]))
+
+
+async def run_checked(cmd: list[str], *, what: str, timeout_s: float = 3600.0) -> None:
+    """Run a host command; ``SandboxError`` with its stderr when it fails or times out."""
+    p = await asyncio.create_subprocess_exec(
+        *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, err = await p.communicate()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        await p.wait()
+        raise
+    if p.returncode:
+        raise SandboxError(f"{what} failed: {err.decode(errors='replace').strip()[:2000]}")
 
 
 async def bwrap_works(uid: int | None, allow_network: bool, ro_paths: list[str]) -> str | None:

@@ -71,6 +71,30 @@ class Chain:
             return [*chain, "/usr/bin/env", "-C", workdir, *argv]
         return [*chain, *self._bwrap_args(workdir, inner_env), "--", *argv]
 
+    def copy_argv(self, src: Path, dst: Path) -> list[str]:
+        """``cp -a src/. dst/`` as the sandbox's uid, inside bubblewrap with only the read-only
+        system paths, ``src`` (read-only, at /src) and ``dst`` (at /dst): a link a sandbox plants
+        in ``src``, or swaps in while the copy runs, resolves in that view, never the host's."""
+        chain: list[str] = []
+        if self.uid is not None:
+            chain += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                      "--"]  # fmt: skip
+        cp = ["cp", "-a", "--reflink=auto", "--no-preserve=ownership"]
+        if not self.bwrap:  # no isolation at all (see report_isolation): the uid drop only
+            return [*chain, *cp, f"{src}/.", f"{dst}/"]
+        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+                "--setenv", "PATH", "/usr/bin:/bin", *ro_view(self.config.ro_paths)]  # fmt: skip
+        args += self._mask_root()
+        args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", str(src), "/src",
+                 "--bind", str(dst), "/dst", "--remount-ro", "/"]  # fmt: skip
+        return [*chain, *args, "--", *cp, "/src/.", "/dst/"]
+
+    def _mask_root(self) -> list[str]:
+        root = str(root_dir(self.config.root_dir))
+        if any(root == p or root.startswith(p.rstrip("/") + "/") for p in self.config.ro_paths):
+            return ["--tmpfs", root]  # hide the other sandboxes
+        return []
+
     def rlimits(self) -> list[tuple[str, int]]:
         """The per-command limits, as the exec agent applies them."""
         c = self.config
@@ -84,10 +108,7 @@ class Chain:
             args.append("--share-net")
         for k, v in inner_env.items():
             args += ["--setenv", k, v]
-        args += ro_view(self.config.ro_paths)
-        root = str(root_dir(self.config.root_dir))
-        if any(root == p or root.startswith(p.rstrip("/") + "/") for p in self.config.ro_paths):
-            args += ["--tmpfs", root]  # hide the other sandboxes
+        args += ro_view(self.config.ro_paths) + self._mask_root()
         args += ["--proc", "/proc", "--dev", "/dev"]
         args += ["--bind", str(self.home / "ws"), "/workspace",
                  "--bind", str(self.home / "tmp"), "/tmp"]  # fmt: skip

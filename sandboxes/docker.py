@@ -231,10 +231,22 @@ class DockerSandbox(ExecFileOps):
         return proc
 
     async def snapshot(self) -> DockerSandbox:
+        """A new sandbox whose workspace is a copy (``cp --reflink=auto``) of this one's.
+
+        The copy runs in a throwaway container of the same image, user and limits, with this
+        workspace read-only at /src and the new one at /dst, never as root on host paths: a
+        link the sandbox swaps in mid-copy resolves inside that container."""
         if self._closed:
             raise SandboxError(f"sandbox {self.name} is closed")
-        cfg = dataclasses.replace(self.config, template_dir=str(self.home / "ws"))
-        return await DockerSandbox.create(cfg, name=new_name(self.name + "-"))
+        cfg = dataclasses.replace(self.config, template_dir="")
+        snap = await DockerSandbox.create(cfg, name=new_name(self.name + "-"))
+        try:
+            await in_thread(_copy_in_container, self.client, self.config, f"{snap.name}-copy",
+                            self.home / "ws", snap.home / "ws")  # fmt: skip
+        except BaseException:
+            await asyncio.shield(snap.close())
+            raise
+        return snap
 
     async def is_alive(self) -> bool:
         if self._closed:
@@ -275,6 +287,34 @@ class DockerSandbox(ExecFileOps):
 def _uid(user: str) -> int | None:
     head = user.split(":", 1)[0]
     return int(head) if head.isdigit() and os.geteuid() == 0 else None
+
+
+def _copy_in_container(
+    client: Any, c: DockerSandbox.Config, name: str, src: Path, dst: Path
+) -> None:
+    """``cp -a /src/. /dst/`` in a container as ``c.user``; ``SandboxError`` if it fails."""
+    from docker.types import Mount
+
+    cp = ["cp", "-a", "--reflink=auto", "--no-preserve=ownership", "/src/.", "/dst/"]
+    try:
+        box = client.containers.run(
+            c.image, cp, name=name, detach=True, network_mode="none", runtime=c.runtime or None,
+            mem_limit=f"{c.memory_mb}m", memswap_limit=f"{c.memory_mb}m", pids_limit=16,
+            read_only=True, user=c.user, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+            mounts=[Mount(target="/src", source=str(src), type="bind", read_only=True),
+                    Mount(target="/dst", source=str(dst), type="bind")],
+            labels={LABEL: name},
+        )  # fmt: skip
+    except Exception as e:
+        raise SandboxError(f"starting the copy container from {c.image!r} failed: {e}") from None
+    try:
+        code = box.wait(timeout=3600).get("StatusCode", -1)
+        if code != 0:
+            err = box.logs(stdout=False, stderr=True).decode(errors="replace").strip()[:2000]
+            raise SandboxError(f"copying the workspace failed (exit {code}): {err}")
+    finally:
+        with contextlib.suppress(Exception):
+            box.remove(force=True)
 
 
 def _run_container(client: Any, c: DockerSandbox.Config, name: str, ws: Path) -> Any:

@@ -56,6 +56,7 @@ from sandboxes._host import (
     kill_marked,
     report_isolation,
     root_dir,
+    run_checked,
 )
 from sandboxes._local_process import Chain, Command, LocalProcess
 
@@ -331,10 +332,21 @@ class LocalSandbox(ExecFileOps):
         return lp
 
     async def snapshot(self) -> LocalSandbox:
-        """A new sandbox whose workspace is a copy (``cp --reflink=auto``) of this one's."""
+        """A new sandbox whose workspace is a copy (``cp --reflink=auto``) of this one's.
+
+        The copy runs as the sandbox's uid inside bubblewrap (``Chain.copy_argv``), never as
+        root on host paths: the workspace is sandbox-controlled and may change under the copy
+        (a directory swapped for a link to ``/root`` mid-copy reads nothing of the host's)."""
         self._check_open()
-        cfg = dataclasses.replace(self.config, template_dir=str(self.home / "ws"))
-        return await LocalSandbox.create(cfg, name=new_name(self.name + "-"))
+        cfg = dataclasses.replace(self.config, template_dir="")
+        snap = await LocalSandbox.create(cfg, name=new_name(self.name + "-"))
+        try:
+            await run_checked(self._isolation.copy_argv(self.home / "ws", snap.home / "ws"),
+                              what=f"copying the workspace of {self.name}")  # fmt: skip
+        except BaseException:
+            await asyncio.shield(snap.close())
+            raise
+        return snap
 
     async def is_alive(self) -> bool:
         if self._closed or not (self.home / "ws").is_dir():
