@@ -104,6 +104,7 @@ def child(fds):
         for i, fd in enumerate(fds):  # stdin, stdout, stderr, report, request
             os.dup2(fd, i)
         os.closerange(len(fds), 1 << 20)
+        os.set_inheritable(3, False)  # the report pipe is A's: the command must not forge it
         libc().prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # own /proc files again, to reset the OOM score
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("0")
@@ -285,9 +286,13 @@ class Agent:
               "lens": [0, 0, 0, 0], "totals": [0, 0]})  # fmt: skip
 
     def parse_report(self, job):
-        for line in job.report.decode().splitlines():
+        """A's report: ``P <pid>`` then ``S <status>`` (or ``C <code>``). Only A holds the pipe;
+        still, anything malformed is ignored rather than trusted or fatal."""
+        for line in job.report.decode(errors="replace").splitlines():
             tag, _, value = line.partition(" ")
-            if tag == "P":
+            if not value.lstrip("-").isdigit() or len(value) > 12:
+                continue
+            if tag == "P" and job.cmd_pid is None and int(value) > 1:
                 job.cmd_pid = int(value)
             elif tag in ("S", "C"):
                 job.code = int(value)

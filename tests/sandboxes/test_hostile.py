@@ -201,3 +201,21 @@ async def test_killing_own_parents_is_harmless(make: MakeSandbox) -> None:
     r = await sb.exec("kill -9 $PPID; kill -9 1; sleep 1; echo survived", timeout_s=10)
     assert not r.timed_out
     assert (await sb.exec("echo next", timeout_s=10)).stdout == "next\n"
+
+
+async def test_commands_cannot_reach_the_exec_agents_pipes(make: MakeSandbox) -> None:
+    """Only fds 0-2 are open in a command: no report pipe to forge (``P 1`` once made the
+    local agent SIGKILL its own namespace's init), no frame pipe to the host."""
+    sb = await make()
+    r = await sb.exec("ls /proc/self/fd", timeout_s=10)
+    assert r.stdout.split() == ["0", "1", "2", "3"], r.stdout  # 3: ls's own listing of the dir
+    forge = "printf 'P 1\nS 0\nP x\n' >&3; printf 'garbage' >&4; echo tried"
+    r = await sb.exec(forge, timeout_s=10)
+    assert "Bad file descriptor" in r.stderr and r.stdout == "tried\n"
+    agent = getattr(sb, "_agent", None)
+    pid_before = agent.agent.cmd.proc.pid if agent is not None and agent.agent else None
+    for _ in range(3):
+        assert (await sb.exec("echo ok", timeout_s=10)).stdout == "ok\n"
+    if pid_before is not None:  # the same agent still serves the sandbox
+        assert agent is not None and agent.agent is not None
+        assert agent.agent.cmd.proc.pid == pid_before
