@@ -3,7 +3,7 @@
     POST /update_weights_from_disk  {"model_path", "weight_version"?, "abort_all_requests"?}
     POST /update_weights_from_tensor?flush=1&weight_version=N   body: safetensors bytes
     POST /update_weights_from_ipc  {"path", "buckets": [[offset, length], ...], "weight_version"?}
-    GET  /weights_checksum[?per_tensor=0]   GET /get_weight_version
+    GET  /weights_checksum[?per_tensor=0&kind=sha256|sum64]   GET /get_weight_version
     POST /init_weights_update_group, /update_weights_from_distributed,
          /destroy_weights_update_group   (a broadcast from the trainer: server_collective.py)
     POST /pause_generation {"mode"}   POST /continue_generation   POST /abort_request {"rid", "abort_all"}
@@ -19,8 +19,10 @@ Tensor updates over HTTP (the exact protocol):
    therefore never served half-updated. ``abort_all_requests=1`` aborts in-flight requests first.
    (``HTTPTensorWeightSync`` streams each bucket from the tensors' memory; ``read_body``
    receives it into one buffer of its Content-Length.)
-4. ``GET /weights_checksum`` returns the SHA-256 per tensor and overall
-   (``weights.checksum_named_tensors``); the trainer compares it with its own.
+4. ``GET /weights_checksum`` returns a checksum per tensor and overall
+   (``weights.checksum_named_tensors``: SHA-256 by default, ``kind=sum64`` for the fast word
+   sum that ``WeightSync.verify`` asks for), computed between two decode steps from the
+   weights the model holds now; the trainer compares it with its own.
 Shared memory on one machine: ``POST /update_weights_from_ipc`` names a file (a trainer's memfd
 as ``/proc/PID/fd/N``) and the (offset, length) of each safetensors blob in it; the server maps
 it read-only, checks names, shapes and completeness, copies everything into the model in one
@@ -43,6 +45,8 @@ from agentrl.errors import ConfigError
 from agentrl.inference.engine import RequestParams
 from agentrl.inference.server_collective import add_collective_routes
 from agentrl.inference.weights import (
+    CHECKSUM_KINDS,
+    ChecksumKind,
     apply_named_tensors,
     checksum_named_tensors,
     load_named_tensors,
@@ -226,9 +230,14 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/weights_checksum")
     async def weights_checksum(request: Request) -> Response:
+        asked = request.query_params.get("kind", "sha256")
+        if asked not in CHECKSUM_KINDS:
+            return error_response(f"kind={asked!r}: expected one of {list(CHECKSUM_KINDS)}.")
+        kind: ChecksumKind = "sum64" if asked == "sum64" else "sha256"
+
         def run() -> tuple[int, dict[str, object]]:
             summary = checksum_named_tensors(
-                engine.model.state_dict().items(), threads=_checksum_threads()
+                engine.model.state_dict().items(), threads=_checksum_threads(), kind=kind
             )
             return engine.weight_version, summary.to_dict()
 

@@ -9,13 +9,17 @@
 
 ``targets`` ({url: dialect name}) limits a push or a check to some servers, e.g. one server
 that was restarted and must get the current weights before it is routed to again; None means
-every server the client routes to. Checksums are SHA-256 of the raw bytes in the serving dtype
-(``Config.dtype``). They are computed when ``verify`` needs them, in ``Config.hash_threads``
-threads, and only for tensors the server reports: on vLLM's CPU backend the packed linear
-weights report an empty digest and are never hashed. The pushed tensors are therefore kept
-(references; cast copies when the dtype changes) until the next push; ``eager_checksums``
-hashes during the push instead and keeps only the digests. Embedded servers show every
-tensor, so against them the trainer hashes while the server hashes (``hash_ahead``).
+every server the client routes to. Checksums cover the raw bytes in the serving dtype
+(``Config.dtype``): against embedded servers ``Config.checksum`` (``sum64`` by default, a
+64-bit word sum at memory bandwidth that detects any single changed element; ``sha256``),
+against vLLM SHA-256 (what its ``/weight_checker`` computes). They are computed when
+``verify`` needs them (or while a sync copies the bytes anyway: ``IPCWeightSync`` sums each
+piece right after copying it, while it is in cache), and only for tensors the server reports:
+on vLLM's CPU backend the packed linear weights report an empty digest and are never hashed.
+The pushed tensors are therefore kept (references; cast copies when the dtype changes) until
+the next push; ``eager_checksums`` hashes during the push instead and keeps only the digests.
+Embedded servers show every tensor, so against them the trainer hashes what is left while the
+server computes its checksums (``hash_ahead``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import torch
 from agentrl.errors import ConfigError, InferenceError
 from agentrl.inference.backends.vllm import VLLMDialect, VLLMDigests, vllm_weight_digests
 from agentrl.inference.client import InferenceClient
-from agentrl.inference.weights import tensor_checksum
+from agentrl.inference.weights import ChecksumKind, tensor_checksum
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +93,16 @@ class WeightSyncConfig:
     (``--weight-transfer-config``): ``agentrl_file`` (files; CPU or GPU, same machine) or
     ``nccl`` (GPUs). DiskWeightSync with another engine uses ``reload_weights`` over
     ``/collective_rpc`` instead."""
+    checksum: ChecksumKind = "sum64"
+    """What ``verify`` compares with embedded servers (``/weights_checksum?kind=``): ``sum64``,
+    64-bit words summed modulo 2**64 (one pass at memory bandwidth; any single changed
+    element changes it, changes that cancel do not), or ``sha256`` (a cryptographic hash,
+    ~20x slower). vLLM servers are always compared by SHA-256."""
     eager_checksums: bool = False
     """Hash every tensor during ``push`` (and drop the tensors) instead of at ``verify``."""
     hash_threads: int = 2
-    """Threads hashing the trainer's tensors (hashlib releases the GIL)."""
+    """Threads hashing the trainer's tensors with SHA-256 (hashlib releases the GIL); ``sum64``
+    runs one tensor at a time on all of torch's threads."""
 
 
 class Digests(Protocol):
@@ -104,9 +114,10 @@ class Digests(Protocol):
 
 
 class NamedDigests:
-    """Digests under the trainer's own names (embedded server, SGLang)."""
+    """Digests (``kind``) under the trainer's own names (embedded server, SGLang)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: ChecksumKind = "sha256") -> None:
+        self.kind: ChecksumKind = kind
         self._tensors: dict[str, torch.Tensor] = {}
         self._digests: dict[str, str] = {}
 
@@ -114,10 +125,14 @@ class NamedDigests:
         self._tensors[name] = tensor.detach()
         self._digests.pop(name, None)
 
+    def put(self, name: str, digest: str) -> None:
+        """A digest computed elsewhere (e.g. while copying the tensor's bytes)."""
+        self._digests[name] = digest
+
     def get(self, name: str) -> str | None:
         digest = self._digests.get(name)
         if digest is None and name in self._tensors:
-            digest = self._digests[name] = tensor_checksum(self._tensors[name])
+            digest = self._digests[name] = tensor_checksum(self._tensors[name], self.kind)
         return digest
 
     def __contains__(self, name: object) -> bool:
@@ -149,7 +164,7 @@ class WeightSync(ABC):
         self.version: int | None = None
         self.last_report: dict[str, ServerReport] = {}
         self.times = SyncTimes()
-        self._sums = NamedDigests()
+        self._sums = NamedDigests(self.cfg.checksum)
         self._vllm = VLLMDigests(self._dtype)
         self._temp_root: Path | None = None
         self._ahead: asyncio.Future[None] | None = None
@@ -162,7 +177,7 @@ class WeightSync(ABC):
         self, named_tensors: Named, version: int, *, targets: Targets | None = None
     ) -> None:
         """Send every tensor; afterwards each target serves ``version``."""
-        self._sums, self._vllm = NamedDigests(), VLLMDigests(self._dtype)
+        self._sums, self._vllm = NamedDigests(self.cfg.checksum), VLLMDigests(self._dtype)
         self.times = SyncTimes()
         t0 = time.perf_counter()
         await self._send(self._recording(named_tensors), version, self.targets(targets))
@@ -241,12 +256,19 @@ class WeightSync(ABC):
         return all(r.ok for r in reports)
 
     async def _verify_sglang(self, http: httpx2.AsyncClient, url: str) -> ServerReport:
-        resp = await http.get(url + "/weights_checksum", params={"per_tensor": 1})
+        kind = self._sums.kind
+        resp = await http.get(url + "/weights_checksum", params={"per_tensor": 1, "kind": kind})
         if resp.status_code == 404:  # a real SGLang server: compare sampled values
             return await self._verify_by_name(http, url)
         if resp.status_code != 200:
             raise InferenceError(f"{url}/weights_checksum -> {resp.status_code}: {resp.text[:300]}")
         body = resp.json()
+        if body.get("kind", "sha256") != kind:
+            raise InferenceError(
+                f"{url}/weights_checksum answered kind {body.get('kind', 'sha256')!r} checksums "
+                f"to a request for {kind!r} (an older server); restart it with this version of "
+                "agentrl or set WeightSync.Config.checksum='sha256'."
+            )
         if self._ahead is not None:
             await asyncio.shield(self._ahead)
         return await self._compare(body["tensors"], self._sums, _version(body))
@@ -267,7 +289,9 @@ class WeightSync(ABC):
 
     async def _hash(self, expected: Digests, names: list[str]) -> None:
         t0 = time.perf_counter()
-        await asyncio.to_thread(_hash_all, expected, names, self.cfg.hash_threads)
+        sha = not isinstance(expected, NamedDigests) or expected.kind == "sha256"
+        threads = self.cfg.hash_threads if sha else 1  # torch sums on all its threads
+        await asyncio.to_thread(_hash_all, expected, names, threads)
         self.times.hash_s += time.perf_counter() - t0
 
 

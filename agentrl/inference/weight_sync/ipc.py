@@ -6,6 +6,9 @@
            into its parameters between two decode steps, set the version, drop the mapping
 
 Each tensor is copied twice in all: into the shared buffer, then into the served parameters.
+With ``Config.checksum="sum64"`` the trainer's checksum of each tensor is summed piece by piece
+right after the piece is copied (``_SUM_CHUNK`` bytes, still in cache), so ``verify`` has no
+trainer-side pass left to make for the tensors written here.
 The memfd has no name in /dev/shm or anywhere else: it lives as long as this sync holds it
 open (``close()``, or the trainer process exiting), so nothing is left behind after a crash.
 It is kept between pushes, so later pushes write into pages that are already mapped (about
@@ -34,9 +37,10 @@ from agentrl.errors import ConfigError, InferenceError
 from agentrl.inference.backends.base import call
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.weight_sync.base import WeightSync, WeightSyncConfig, buckets, unique
-from agentrl.inference.weights import safetensors_parts
+from agentrl.inference.weights import safetensors_parts, sum64_digest, word_sum
 
 _ALIGN = 64  # every bucket starts on a cache line (its tensors are aligned inside it)
+_SUM_CHUNK = 4 << 20  # bytes copied, then summed while in L3 (a multiple of 8)
 
 
 class IPCWeightSync(WeightSync):
@@ -80,25 +84,35 @@ class IPCWeightSync(WeightSync):
     def _write(self, named: Iterator[tuple[str, torch.Tensor]]) -> list[tuple[int, int]]:
         """Copy every bucket into the shared buffer; returns each one's (offset, length)."""
         layout: list[tuple[list[bytes | memoryview], int, int]] = []
+        by_ptr: dict[int, str | None] = {}  # a tensor's address -> its name (None: ambiguous)
         offset = 0
         for bucket in buckets(unique(named), self.cfg.bucket_bytes):
-            parts = safetensors_parts({n: t.detach().to("cpu").contiguous() for n, t in bucket})
+            tensors = {n: t.detach().to("cpu").contiguous() for n, t in bucket}
+            parts = safetensors_parts(tensors)
             if parts is None:
                 from safetensors.torch import save
 
-                parts = [save({n: t.detach().to("cpu").contiguous() for n, t in bucket})]
+                parts = [save(tensors)]
+            for tname, t in tensors.items():
+                by_ptr[t.data_ptr()] = None if t.data_ptr() in by_ptr else tname
             length = sum(memoryview(p).nbytes for p in parts)
             layout.append((parts, offset, length))
             offset += length + (-length % _ALIGN)
         buf = self._buffer(max(offset, _ALIGN))  # mmap refuses an empty file
+        summing = self._sums.kind == "sum64"
         for parts, start, _ in layout:
             for part in parts:
                 n = memoryview(part).nbytes
                 if isinstance(part, bytes):  # a header (or a library-written blob)
                     buf[start : start + n] = part
-                elif n:  # a tensor's own memory: torch copies large ones in parallel
+                elif n:
+                    src = torch.frombuffer(part, dtype=torch.uint8)
                     dst = torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=start)
-                    dst.copy_(torch.frombuffer(part, dtype=torch.uint8))
+                    name = by_ptr.get(src.data_ptr()) if summing else None
+                    if name is None:  # torch copies large tensors on all its threads
+                        dst.copy_(src)
+                    else:
+                        self._sums.put(name, sum64_digest(n, _copy_summing(dst, src)))
                 start += n
         return [(start, length) for _, start, length in layout]
 
@@ -126,3 +140,14 @@ class IPCWeightSync(WeightSync):
             os.close(self._fd)
             self._fd = None
         await super().close()
+
+
+def _copy_summing(dst: torch.Tensor, src: torch.Tensor) -> int:
+    """Copy ``src`` into ``dst`` (1-D uint8, same length) piece by piece and return
+    ``word_sum(src)``, each piece summed right after its copy, while it is still in cache."""
+    total = 0
+    for lo in range(0, src.numel(), _SUM_CHUNK):
+        piece = src[lo : lo + _SUM_CHUNK]
+        dst[lo : lo + _SUM_CHUNK].copy_(piece)
+        total += word_sum(piece)
+    return total
