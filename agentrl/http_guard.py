@@ -14,9 +14,11 @@ Why a pure ASGI middleware and not a FastAPI dependency: FastAPI reads and parse
 body before it runs the route's dependencies, so a bearer check written as one let anyone who
 could reach a server make it buffer and parse a body of any size first (one unauthenticated
 256 MB JSON body grew the tool server from 57 to 820 MB of RSS before its 401). The guard
-answers before the app asks for a single body byte. A refused request that has a body is
-answered with ``Connection: close``, so the server drops the connection instead of reading
-the rest. Refusals are JSON: ``{"error": {"type", "message", "code"}}``, the shape the tool
+answers before the app asks for a single body byte; uvicorn then discards the rest of the body
+as it arrives (never buffered) and keeps the connection. Closing instead would be cheaper for
+the server, but a client still writing its body then reads a connection reset, not the 401
+or 413 (httpx2 lost the answer that way), the reason web servers "linger" before closing.
+Refusals are JSON: ``{"error": {"type", "message", "code"}}``, the shape the tool
 and sandbox servers' clients and the inference client both read.
 
 The tool server, the sandbox server and the embedded inference server use it; so must any
@@ -61,8 +63,8 @@ class BodyTooLarge(Exception):
     """Raised by the guarded ``receive`` once a body passes its cap (the guard answers 413)."""
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n} bytes"
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB ({n} bytes)" if n >= 1 << 16 else f"{n} bytes"
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -153,19 +155,16 @@ class HttpGuard:
     def too_large(self, scope: Scope, cap: int, size: str) -> Refusal:
         return Refusal(413, "body_too_large",
                        f"request body of {scope['method']} {scope['path']} is {size}; this route "
-                       f"takes at most {_mib(cap)} ({cap} bytes): send less, or "
+                       f"takes at most {_size(cap)}: send less, or "
                        f"{self.config.cap_hint}")  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        has_body = header(scope, b"transfer-encoding") is not None or (
-            header(scope, b"content-length") or b"0"
-        ).strip() not in (b"0", b"")
         refusal = self.check(scope)
         if refusal is not None:
-            await _answer(send, refusal, close=has_body)
+            await _answer(send, refusal)
             return
         cap = self.cap_for(scope["path"])
         received = 0
@@ -190,7 +189,7 @@ class HttpGuard:
             if over and not started:  # whatever the app says about it, the answer is 413
                 if not answered:
                     answered = True
-                    await _answer(send, self.too_large(scope, cap, f"over {cap} bytes"), close=True)
+                    await _answer(send, self.too_large(scope, cap, f"over {cap} bytes"))
                 return
             if message["type"] == "http.response.start":
                 started = True
@@ -202,17 +201,15 @@ class HttpGuard:
             if not over:
                 raise
         if over and not started and not answered:
-            await _answer(send, self.too_large(scope, cap, f"over {cap} bytes"), close=True)
+            await _answer(send, self.too_large(scope, cap, f"over {cap} bytes"))
 
 
-async def _answer(send: Send, refusal: Refusal, *, close: bool) -> None:
+async def _answer(send: Send, refusal: Refusal) -> None:
     body = json.dumps(
         {"error": {"type": refusal.type, "message": refusal.message, "code": refusal.status}}
     ).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if refusal.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
-    if close:  # the rest of the body is never read: drop the connection, not drain it
-        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

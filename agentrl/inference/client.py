@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ import httpx2
 import torch
 
 from agentrl.errors import ConfigError, InferenceError, ServerUnavailableError
+from agentrl.http_guard import bearer_headers
 from agentrl.inference.backends import Dialect, make_dialect, split_backend_url
 from agentrl.inference.backends.base import error_message
 from agentrl.inference.protocol import Completion, SamplingParams
@@ -85,6 +87,8 @@ class InferenceClient:
         return_logprob: bool = True
         backend: str = "sglang"
         """Dialect of urls without a ``NAME+`` prefix: sglang (also the embedded server) or vllm."""
+        api_key: str = ""
+        """Bearer token of servers started with ``--api-key`` ("" = $AGENTRL_INFERENCE_API_KEY)."""
 
     def __init__(
         self, urls: Sequence[str] | str, cfg: InferenceClient.Config | None = None
@@ -108,7 +112,9 @@ class InferenceClient:
         limits = httpx2.Limits(max_connections=self.cfg.max_connections,
                               max_keepalive_connections=self.cfg.max_connections)  # fmt: skip
         timeout = httpx2.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s)
-        self._http = httpx2.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+        key = self.cfg.api_key or os.environ.get("AGENTRL_INFERENCE_API_KEY", "")
+        self._http = httpx2.AsyncClient(limits=limits, timeout=timeout, trust_env=False,
+                                        headers=bearer_headers(key))  # fmt: skip
 
     @property
     def urls(self) -> list[str]:
