@@ -42,7 +42,7 @@ from agentrl.errors import (
     ToolError,
 )
 from agentrl.inference.protocol import Completion, Generator, SamplingParams
-from agentrl.registry import Registry
+from agentrl.registry import MODULES_HINT, Registry
 from agentrl.rollout.ledger import TokenLedger
 from agentrl.tool import ToolSet
 from agentrl.tool_parsers import ToolParser, format_error_observation
@@ -61,7 +61,8 @@ AGENTS: Registry[AgentLoop] = Registry(
     "agent loop",
     entry_point_group="agentrl.agents",
     builtin_modules=("agents",),
-    hint="Built-in loops: single_turn, tool_calling, env_driver.",
+    hint="Built-in loops: single_turn, tool_calling, env_driver. For a loop registered in "
+    f"your own code, {MODULES_HINT}.",
 )
 
 
@@ -70,7 +71,8 @@ def register_agent(
 ) -> None:
     """Register an AgentLoop class (or a lazy ``"module:Class"`` string) under ``id``.
 
-    ``defaults`` are passed to the class when a rollout makes one (one instance per rollout).
+    ``defaults`` are passed to the class when a rollout makes one (one instance per rollout),
+    so constructor arguments are given here: ``register_agent("critic3", CriticLoop, rounds=3)``.
     """
     AGENTS.register(id, entry_point, description=description, override=override, **defaults)
 

@@ -3,6 +3,7 @@
 agentrl serve PATH                     serve an HF model directory over HTTP
 agentrl rollout --env ID --server URL  collect trajectories to JSONL/parquet
 agentrl envs list | check ID           discover and validate environments
+agentrl tools list | serve | mcp       registered tools; serve a ToolSet over HTTP or MCP
 agentrl train RECIPE key=value ...     RL training (GRPO/PPO); --resume continues a run
 agentrl sft RECIPE ... / eval ...      supervised warm-up / evaluation
 agentrl model tiny PATH                build a tiny local model + tokenizer (no hub needed)
@@ -12,13 +13,15 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
 
+from agentrl.cli_options import EnvKwargs, Modules, parse_env_kwargs
 from agentrl.errors import AgentRLError, ConfigError
-from agentrl.registry import load_entry_point
+from agentrl.registry import import_modules, load_entry_point
 
 app = typer.Typer(
     name="agentrl",
@@ -100,37 +103,58 @@ _register_commands()
 
 
 @envs_app.command("list")
-def envs_list() -> None:
+def envs_list(module: Modules = None) -> None:
     """List registered environments (built-in, registered in code, and from entry points)."""
-    from rich.console import Console
-    from rich.table import Table
-
     from agentrl.env_checker import list_envs
 
-    table = Table("id", "entry point", "description")
-    for env_id, entry_point, description in list_envs():
-        table.add_row(env_id, entry_point, description)
-    Console().print(table)
+    import_modules(module or [])
+    _print_table(("id", "entry point", "description"), list_envs())
 
 
 @envs_app.command("check")
 def envs_check(
     env_id: Annotated[str, typer.Argument(help="Registered env id.")],
-    module: Annotated[
-        list[str] | None, typer.Option(help="Import this module first (it registers the env).")
-    ] = None,
+    module: Modules = None,
+    env_kwargs: EnvKwargs = "{}",
 ) -> None:
     """Run agentrl's env checks and gymnasium's check_env on a registered env."""
-    import importlib
-
     from agentrl.env_checker import check_env_cli
 
-    for m in module or []:
-        importlib.import_module(m)
-    report = check_env_cli(env_id)
+    kwargs = parse_env_kwargs(env_kwargs)
+    import_modules(module or [])
+    report = check_env_cli(env_id, kwargs)
     typer.echo(str(report))
     if not report.passed:
         raise typer.Exit(code=1)
+
+
+@tools_app.command("list")
+def tools_list(module: Modules = None) -> None:
+    """List registered tools (built-in, registered in code, and from entry points)."""
+    from agentrl.tool import TOOLS
+
+    import_modules(module or [])
+    rows = [(s.id, s.entry_point_str, s.description.strip().split("\n")[0]) for s in TOOLS]
+    _print_table(("name", "entry point", "description"), rows)
+
+
+def _print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    """A rich table on a terminal; plain aligned columns (never cut) when piped or logged."""
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*header)
+        table.columns[0].no_wrap = True  # ids are what users copy; never cut them
+        for row in rows:
+            table.add_row(*row)
+        Console().print(table)
+        return
+    lines: list[tuple[str, ...]] = [header, *rows]
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header) - 1)]
+    for row in lines:
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
+        typer.echo("  ".join([*cells, row[-1]]).rstrip())
 
 
 def main() -> None:

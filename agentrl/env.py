@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from agentrl.errors import ConfigError, UnknownEnvError
-from agentrl.registry import Registry
+from agentrl.registry import MODULES_HINT, Registry
 from agentrl.spaces import MessagesSpace
 from agentrl.tool import ToolSet
 from agentrl.types import Message
@@ -166,7 +166,7 @@ ENVS: Registry[Env] = Registry(
     entry_point_group="agentrl.envs",
     builtin_modules=("envs",),
     error_cls=UnknownEnvError,
-    hint="See `agentrl envs list`.",
+    hint=f"See `agentrl envs list`. For an env registered in your own code, {MODULES_HINT}.",
 )
 
 

@@ -7,7 +7,9 @@
 Checks, in order (each becomes a ``CheckResult``):
   spaces        observation_space / action_space are gymnasium Spaces
   reset         reset(seed) returns (non-empty list[Message] in the space, dict)
-  determinism   the same seed gives the same first observation (skipped if nondeterministic)
+  determinism   two episodes with the same seed and the same actions (sampled ones, then the
+                env's demonstration when it has one) agree on every observation, reward and
+                end, for up to DETERMINISM_STEPS steps (skipped if nondeterministic)
   step          step(sampled action) returns (list[Message], finite float, bool, bool, dict)
   tools         every tool schema is a valid OpenAI function tool (JSON schema of an object)
   demonstration demonstration() replays to terminated with a positive reward, and the
@@ -203,16 +205,66 @@ def _check_reset(env: Env, seeds: Sequence[int]) -> str | None:
     return None
 
 
+DETERMINISM_STEPS = 8
+"""Steps of each same-seed episode pair that the determinism check compares."""
+
+_DETERMINISM_FIX = (
+    "derive all randomness (hidden state included) from self.np_random, "
+    "or set the class attribute nondeterministic = True"
+)
+
+
 def _check_determinism(env: Env, seeds: Sequence[int]) -> str | None:
+    """Replay each seed twice with the same actions; the episodes must agree step by step."""
     for seed in seeds:
-        a, _ = env.reset(seed=seed)
-        b, _ = env.reset(seed=seed)
-        if a != b:
-            return (
-                f"reset(seed={seed}) gave different first observations ({a!r:.120} vs {b!r:.120}); "
-                "derive all randomness from self.np_random or set nondeterministic = True"
-            )
+        env.action_space.seed(seed)
+        sampled = [env.action_space.sample() for _ in range(DETERMINISM_STEPS)]
+        env.reset(seed=seed)
+        demo = env.demonstration()
+        plans = [("sampled", sampled)]
+        if demo is not None:
+            plans.append(("demonstration", [m for m in demo if m.role == "assistant"]))
+        for kind, actions in plans:
+            a, demo_a = _episode(env, seed, actions)
+            b, demo_b = _episode(env, seed, actions)
+            if demo_a != demo_b:
+                return (
+                    f"reset(seed={seed}) twice gave different demonstrations "
+                    f"({demo_a!r:.120} vs {demo_b!r:.120}), so the hidden task differs; "
+                    + _DETERMINISM_FIX
+                )
+            for i, (x, y) in enumerate(zip(a, b, strict=False)):
+                if x != y:
+                    where = f"reset(seed={seed})" if i == 0 else f"step {i} ({kind} actions)"
+                    return (
+                        f"two episodes with seed {seed} differ at {where}: "
+                        f"{x!r:.160} vs {y!r:.160}; " + _DETERMINISM_FIX
+                    )
+            if len(a) != len(b):
+                return (
+                    f"two episodes with seed {seed} and the same {kind} actions ended after "
+                    f"{len(a) - 1} and {len(b) - 1} steps; " + _DETERMINISM_FIX
+                )
     return None
+
+
+def _episode(
+    env: Env, seed: int, actions: list[Message]
+) -> tuple[list[tuple[Any, ...]], list[Message] | None]:
+    """Reset with ``seed`` and step ``actions`` until the episode ends.
+
+    Returns the reset observation and each step's (observation, reward, terminated,
+    truncated) in order, and the demonstration the env offered after the reset.
+    """
+    obs, _ = env.reset(seed=seed)
+    demo = env.demonstration()
+    trace: list[tuple[Any, ...]] = [(obs,)]
+    for action in actions:
+        o, r, terminated, truncated, _ = env.step(action)
+        trace.append((o, float(r), bool(terminated), bool(truncated)))
+        if terminated or truncated:
+            break
+    return trace, demo
 
 
 def _step_problem(out: Any, env: Env, where: str) -> str | None:
@@ -387,6 +439,6 @@ def list_envs() -> list[tuple[str, str, str]]:
     return [(s.id, s.entry_point_str, s.description) for s in ENVS]
 
 
-def check_env_cli(env_id: str) -> EnvCheckReport:
+def check_env_cli(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvCheckReport:
     """``agentrl envs check ID``: the report for a registered id (UnknownEnvError: did you mean)."""
-    return check_env(env_id)
+    return check_env(env_id, env_kwargs=env_kwargs)

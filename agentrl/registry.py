@@ -6,6 +6,13 @@
 A ``Registry`` maps ids to entry points (a callable, or a ``"module:attr"`` string imported on
 first use) plus default keyword arguments. Third-party packages add ids through a Python
 entry-point group (``[project.entry-points."agentrl.envs"]``), read once, lazily.
+
+An id registered both in code and through an entry point is fine when both name the same
+object (the code registration, with its defaults, is kept); two different objects under one
+id raise ``DuplicateIdError`` when the second one arrives, naming both.
+
+User code that registers things is imported with ``import_modules`` (the CLI's ``--module``
+flag and the recipe key ``modules``); a module in the current directory needs no PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -13,8 +20,11 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
-from collections.abc import Callable, Iterator
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from agentrl.errors import ConfigError, DuplicateIdError, UnknownIdError
@@ -35,6 +45,43 @@ def load_entry_point(spec: str) -> Any:
     return obj
 
 
+MODULES_HINT = (
+    "pass --module YOUR_MODULE (recipe key `modules`) to import the code that registers it"
+)
+
+
+def import_modules(modules: Iterable[str], *, key: str = "--module") -> None:
+    """Import user modules for what they register (envs, AgentLoops, tools, ...).
+
+    Each entry is a module name (``my_envs``, ``my_pkg.loops``), found in the current
+    directory first and then on ``sys.path``, or a path to a ``.py`` file (imported under its
+    file name). A module that cannot be found raises ``ConfigError`` naming ``key``.
+    """
+    for spec in modules:
+        if spec.endswith(".py") or "/" in spec or os.sep in spec:
+            path = Path(spec)
+            if not path.is_file():
+                raise ConfigError(f"{key} {spec!r}: no such file (from {os.getcwd()})")
+            directory, name = str(path.resolve().parent), path.stem
+        else:
+            directory, name = os.getcwd(), spec
+        if directory not in sys.path:
+            sys.path.insert(0, directory)  # like `python -m`: the current directory first
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is None or not (name == e.name or name.startswith(e.name + ".")):
+                raise ConfigError(
+                    f"{key} {spec!r}: importing it failed because module {e.name!r} is missing; "
+                    f"install it ({e})"
+                ) from e
+            raise ConfigError(
+                f"{key} {spec!r}: no module {e.name!r} in the current directory ({os.getcwd()}) "
+                "or on sys.path; give a module name (my_envs, my_pkg.loops) or a file path "
+                "(./my_envs.py)"
+            ) from None
+
+
 @dataclass(slots=True)
 class Spec(Generic[T]):
     """A registered id: where its object lives and the defaults it is made with."""
@@ -43,6 +90,8 @@ class Spec(Generic[T]):
     entry_point: str | Callable[..., T]
     kwargs: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    origin: str = "code"
+    """Where the registration came from: "code", or the entry point that declared it."""
 
     def load(self) -> Callable[..., T]:
         ep = self.entry_point
@@ -74,6 +123,7 @@ class Registry(Generic[T]):
         self._group = entry_point_group
         self._builtin_modules = builtin_modules
         self._loaded_plugins = False
+        self._plugin_error: DuplicateIdError | None = None
         self._error_cls = error_cls
         self._hint = hint
 
@@ -88,18 +138,28 @@ class Registry(Generic[T]):
     ) -> None:
         if not id or not isinstance(id, str):
             raise ConfigError(f"{self.kind} id must be a non-empty string, got {id!r}")
+        new = Spec(id, entry_point, dict(kwargs), description)
         if id in self._specs and not override:
             old = self._specs[id]
-            if (
-                old.entry_point_str == Spec(id, entry_point).entry_point_str
-                and old.kwargs == kwargs
-            ):
+            if old.origin != "code" and _same_target(old, new) is not False:
+                # The code that an entry point names registers itself: one registration.
+                self._specs[id] = new
+                return
+            if _same_target(old, new) and old.kwargs == kwargs:
                 return  # re-registering the same thing (a module imported twice) is harmless
-            raise DuplicateIdError(
-                f"{self.kind} {id!r} is already registered (entry point {old.entry_point_str}); "
-                f"pick another id or pass override=True."
-            )
-        self._specs[id] = Spec(id, entry_point, dict(kwargs), description)
+            raise self._duplicate(old, new)
+        self._specs[id] = new
+
+    def _duplicate(self, old: Spec[T], new: Spec[T]) -> DuplicateIdError:
+        what = (
+            f"defaults {old.kwargs} and {new.kwargs}"
+            if _same_target(old, new)
+            else f"{old.entry_point_str} ({old.origin}) and {new.entry_point_str} ({new.origin})"
+        )
+        return DuplicateIdError(
+            f"{self.kind} {old.id!r} is registered twice with different targets: {what}. "
+            "Remove one registration, register under another id, or pass override=True."
+        )
 
     def decorator(self, id: str, **kwargs: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
         def wrap(obj: Callable[..., T]) -> Callable[..., T]:
@@ -109,6 +169,8 @@ class Registry(Generic[T]):
         return wrap
 
     def _load_plugins(self) -> None:
+        if self._plugin_error is not None:
+            raise self._plugin_error
         if self._loaded_plugins:
             return
         self._loaded_plugins = True
@@ -117,8 +179,14 @@ class Registry(Generic[T]):
         if self._group is None:
             return
         for ep in importlib.metadata.entry_points(group=self._group):
-            if ep.name not in self._specs:
-                self._specs[ep.name] = Spec(ep.name, ep.value)
+            dist = getattr(ep.dist, "name", None) or "an installed package"
+            new: Spec[T] = Spec(ep.name, ep.value, origin=f"entry point of {dist}")
+            old = self._specs.get(ep.name)
+            if old is None:
+                self._specs[ep.name] = new
+            elif _same_target(old, new) is False:
+                self._plugin_error = self._duplicate(old, new)
+                raise self._plugin_error
 
     def spec(self, id: str) -> Spec[T]:
         self._load_plugins()
@@ -128,11 +196,14 @@ class Registry(Generic[T]):
             raise self._error_cls(self.kind, id, self._specs, self._hint) from None
 
     def get(self, id: str) -> Callable[..., T]:
-        return self.spec(id).load()
+        obj = self.spec(id).load()
+        # Loading an entry point imports its module, which may register the id in code (with
+        # defaults); that registration replaced the entry point's and is the one to use.
+        return self._specs[id].load() if id in self._specs else obj
 
     def make(self, id: str, **kwargs: Any) -> T:
-        spec = self.spec(id)
-        return spec.load()(**{**spec.kwargs, **kwargs})
+        factory = self.get(id)
+        return factory(**{**self._specs[id].kwargs, **kwargs})
 
     def ids(self) -> list[str]:
         self._load_plugins()
@@ -148,3 +219,33 @@ class Registry(Generic[T]):
 
     def unregister(self, id: str) -> None:
         self._specs.pop(id, None)
+
+
+def _same_target(a: Spec[Any], b: Spec[Any]) -> bool | None:
+    """Whether two specs name the same object (imports a lazy string's module to tell).
+
+    None when it cannot be told yet: a module that is still being imported (the entry point's
+    own module registering itself under a re-exported name) lacks the attribute so far.
+    """
+    if a.entry_point_str == b.entry_point_str:
+        return True
+    objs = [_resolved(s) for s in (a, b)]
+    if any(o is None for o in objs):
+        return None
+    return objs[0] is objs[1]
+
+
+def _resolved(spec: Spec[Any]) -> object | None:
+    ep = spec.entry_point
+    if not isinstance(ep, str):
+        return ep
+    mod_name, _, attr = ep.partition(":")
+    obj: Any = sys.modules.get(mod_name)
+    if obj is None:
+        try:
+            obj = importlib.import_module(mod_name)
+        except ImportError:
+            return object()  # cannot be imported: differs from every other target
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+    return obj

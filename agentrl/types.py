@@ -307,6 +307,8 @@ class Trajectory:
     llm_time_s: float = 0.0
     env_time_s: float = 0.0
     wall_time_s: float = 0.0
+    agent: str | None = None
+    """The registered name of the AgentLoop that ran it (set by the collector)."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -337,6 +339,7 @@ class Trajectory:
             "llm_time_s": self.llm_time_s,
             "env_time_s": self.env_time_s,
             "wall_time_s": self.wall_time_s,
+            "agent": self.agent,
         }
 
     @classmethod
@@ -355,6 +358,7 @@ class Trajectory:
             llm_time_s=float(d.get("llm_time_s", 0.0)),
             env_time_s=float(d.get("env_time_s", 0.0)),
             wall_time_s=float(d.get("wall_time_s", 0.0)),
+            agent=d.get("agent"),
         )
 
 

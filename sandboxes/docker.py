@@ -50,10 +50,13 @@ def _client(base_url: str) -> Any:
         raise SandboxError(
             "the docker sandbox needs the Docker SDK: pip install 'agentrl[docker]'"
         ) from None
+    client = None
     try:
         client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
         client.ping()
     except Exception as e:
+        if client is not None:
+            client.close()
         raise SandboxError(
             f"cannot reach the Docker engine ({e}); start dockerd (scripts/install-sandbox-deps.sh "
             "--docker installs it) or set base_url"
@@ -122,6 +125,8 @@ class DockerSandbox(ExecFileOps):
             container = await in_thread(_run_container, client, config, name, home / "ws")
         except BaseException:
             shutil.rmtree(home, ignore_errors=True)
+            with contextlib.suppress(Exception):
+                client.close()
             raise
         return cls(config, name, home, client, container)
 
@@ -268,15 +273,20 @@ class DockerSandbox(ExecFileOps):
         except Exception as e:  # already gone, or the daemon died: sweep() finds it later
             logger.warning("removing container %s failed: %s", self.name, e)
         await asyncio.to_thread(shutil.rmtree, self.home, True)
+        with contextlib.suppress(Exception):  # its connection pool: sockets to the engine
+            await in_thread(self.client.close)
 
     @classmethod
     async def sweep(cls, prefix: str, config: object | None = None) -> SweepReport:
         cfg = config if isinstance(config, DockerSandbox.Config) else DockerSandbox.Config()
         client = await in_thread(_client, cfg.base_url)
-        found = await in_thread(client.containers.list, all=True, filters={"label": LABEL})
-        victims = [c for c in found if c.labels.get(LABEL, "").startswith(prefix)]
-        for c in victims:
-            await in_thread(c.remove, force=True)
+        try:
+            found = await in_thread(client.containers.list, all=True, filters={"label": LABEL})
+            victims = [c for c in found if c.labels.get(LABEL, "").startswith(prefix)]
+            for c in victims:
+                await in_thread(c.remove, force=True)
+        finally:
+            await in_thread(client.close)
         root = root_dir(cfg.root_dir)
         dirs = [d for d in root.iterdir() if d.name.startswith(prefix)]
         for d in dirs:

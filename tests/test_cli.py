@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +103,52 @@ def test_envs_check_a_user_module_registered_env(tmp_path, monkeypatch) -> None:
     out = _cli("envs", "check", "mine/Bad-v0", "--module", "my_envs")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "FAIL" in out.stdout.upper() and "reset" in out.stdout
+
+
+def _agentrl(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as a user runs it (no `python -m`: cwd is not on sys.path)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "agentrl"), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
+    )  # fmt: skip
+
+
+LONG_ID = "a-rather-long-namespace/AnEnvironmentWithAVeryLongNameThatNeedsRoom-v0"
+
+
+def test_module_in_the_current_directory_for_envs_and_tools(tmp_path: Path) -> None:
+    (tmp_path / "my_reg.py").write_text(
+        "from agentrl.env import register_env\n"
+        "from agentrl.tool import register_tool, tool\n"
+        f"register_env({LONG_ID!r}, 'envs.guess:GuessNumberEnv', description='x' * 90)\n"
+        "@tool\n"
+        "def shout(text: str) -> str:\n"
+        "    '''Upper-case text.'''\n"
+        "    return text.upper()\n"
+        "register_tool(shout)\n"
+    )
+    listed = _agentrl("envs", "list", "--module", "my_reg", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.startswith(LONG_ID + " ") for line in listed.stdout.splitlines())
+    tools = _agentrl("tools", "list", "--module", "my_reg.py", cwd=tmp_path)
+    assert tools.returncode == 0, tools.stderr
+    assert "shout" in tools.stdout and "tools.bash:bash" in tools.stdout
+    missing = _agentrl("envs", "check", LONG_ID, "--module", "my_regs", cwd=tmp_path)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "no module 'my_regs' in the current directory" in missing.stderr
+    unknown = _agentrl("envs", "check", "mine/Nope-v0", cwd=tmp_path)
+    assert unknown.returncode == 2 and "--module" in unknown.stderr
+
+
+def test_rollout_fails_when_every_trajectory_failed_in_the_machinery(tmp_path: Path) -> None:
+    model = make_tiny_model(tmp_path / "model")
+    out = _cli(
+        "rollout", "--env", "games/GuessNumber-v0", "--server", "http://127.0.0.1:9",
+        "--tokenizer", str(model), "--n", "2", "--out", str(tmp_path / "t.jsonl"),
+        "rollout.group_size=2", "rollout.agent=env_driver",
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "statuses: error_inference=4" in out.stderr
+    assert "no trajectory got past the machinery" in out.stderr
+    assert len(load_groups(tmp_path / "t.jsonl")) == 2  # the failures are still written

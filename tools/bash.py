@@ -21,6 +21,7 @@ import base64
 import contextlib
 import re
 import uuid
+import weakref
 from dataclasses import dataclass
 
 from agentrl.errors import SandboxError
@@ -44,11 +45,20 @@ class BashSession:
     """One long-lived ``bash`` in a sandbox."""
 
     def __init__(self, sandbox: Sandbox, *, max_output_bytes: int = 4 * MAX_OUTPUT_CHARS) -> None:
-        self.sandbox = sandbox
+        # weak: the session lives in the per-sandbox state map (a WeakKeyDictionary), and a
+        # strong reference back to its key would keep every sandbox alive after close
+        self._sandbox = weakref.ref(sandbox)
         self.max_output_bytes = max_output_bytes
         self._proc: SandboxProcess | None = None
         self._lock = asyncio.Lock()
         self._had_shell = False  # a shell ran before: a new one is a restart
+
+    @property
+    def sandbox(self) -> Sandbox:
+        sb = self._sandbox()
+        if sb is None:
+            raise SandboxError("the sandbox of this bash session no longer exists")
+        return sb
 
     async def _ensure(self) -> bool:
         """Start the shell if needed; True if a new one was started."""

@@ -239,6 +239,9 @@ class RunConfig:
     output_dir: str = "runs"
     """The run directory is <output_dir>/<name>."""
     seed: int = 0
+    modules: list[str] = field(default_factory=list)
+    """Modules imported before names are resolved, for the envs/AgentLoops they register
+    (like ``--module``: a name in the current directory or on sys.path, or a .py file)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: CollectorConfig = field(default_factory=CollectorConfig)
@@ -326,11 +329,15 @@ def _validate_megatron(cfg: RunConfig) -> None:
 
 def _validate_names(cfg: RunConfig) -> None:
     """Registry names resolve (each registry raises UnknownIdError with 'did you mean')."""
+    from agentrl.agent import AGENTS
     from agentrl.algos import ADV_ESTIMATORS, KL_PENALTIES, POLICY_LOSSES
     from agentrl.algos.aggregation import parse_agg_mode
     from agentrl.env import ENVS
+    from agentrl.registry import import_modules
     from trainers.engines import ENGINES
 
+    import_modules(cfg.modules, key="modules:")
+    AGENTS.get(cfg.rollout.agent)  # imported now: a duplicate registration fails here, once
     ENGINES.spec(cfg.engine.backend)
     if cfg.algo.adv_estimator == "gae":
         ENGINES.spec(cfg.critic.backend)

@@ -7,6 +7,11 @@ Samples are ``Sample(env_id, env_kwargs, seed=seed0 + i)``; each is rolled out
 ``rollout.group_size`` times. Any ``CollectorConfig`` field can be overridden as
 ``rollout.<field>=value`` (e.g. ``rollout.max_turns=4``). Groups stream to the file as they
 finish and are written when collection ends; the file loads back with ``agentrl.rollout.io.load_groups``.
+``--module my_loops`` imports user code first (an AgentLoop or env registered there).
+
+The command prints the rollout metrics and a count per status. It exits 1 when no
+trajectory got past the machinery (every one is an infrastructure failure such as
+error_inference: a server down), so scripts and CI notice.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from typing import Annotated, Any
 
 import typer
 
+from agentrl.cli_options import EnvKwargs, Modules, parse_env_kwargs
 from agentrl.errors import ConfigError
+from agentrl.types import RolloutStatus
 
 logger = logging.getLogger(__name__)
 
@@ -38,25 +45,21 @@ def rollout(
     ] = None,
     n: Annotated[int, typer.Option(help="Number of samples (prompts).")] = 8,
     seed: Annotated[int, typer.Option(help="Seed of the first sample.")] = 0,
-    env_kwargs: Annotated[str, typer.Option(help="JSON object of env kwargs.")] = "{}",
+    env_kwargs: EnvKwargs = "{}",
+    module: Modules = None,
     overrides: Annotated[list[str] | None, typer.Argument(help="rollout.<field>=value")] = None,
 ) -> None:
     """Collect trajectories for an env against one or several inference servers."""
     from agentrl.config import load_config
+    from agentrl.registry import import_modules
     from agentrl.rollout.collector import CollectorConfig
 
     if not server and model is None:
         raise ConfigError("give --server URL (repeatable) or --model PATH to start a local server")
     if out.suffix not in (".jsonl", ".parquet"):
         raise ConfigError(f"--out must end in .jsonl or .parquet, got {str(out)!r}")
-    try:
-        kwargs = json.loads(env_kwargs)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"--env-kwargs must be a JSON object, e.g. '{{\"high\": 32}}': {e}"
-        ) from None
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"--env-kwargs must be a JSON object, got {env_kwargs!r}")
+    kwargs = parse_env_kwargs(env_kwargs)
+    import_modules(module or [])
     stripped = []
     for o in overrides or []:
         if not o.startswith("rollout."):
@@ -68,11 +71,29 @@ def rollout(
     tok_dir = tokenizer or model
     if tok_dir is None:
         raise ConfigError("give --tokenizer PATH (the served model's directory) with --server")
+    from agentrl.agent import AGENTS
     from agentrl.env import ENVS
 
     ENVS.spec(env)  # unknown ids fail here, with a suggestion
+    AGENTS.get(cfg.agent)  # and unknown (or doubly registered) AgentLoops
     summary = asyncio.run(_collect(env, kwargs, n, seed, cfg, server or [], model, tok_dir, out))
     typer.echo(json.dumps(summary, indent=2))
+    statuses = {
+        k.removeprefix("rollout/status/"): round(v * summary["rollout/num_trajectories"])
+        for k, v in summary.items()
+        if k.startswith("rollout/status/") and v
+    }
+    counts = ", ".join(f"{k}={v}" for k, v in sorted(statuses.items())) or "none"
+    typer.echo(f"statuses: {counts}", err=True)
+    if not any(not RolloutStatus(k).is_infra_failure for k in statuses):
+        typer.secho(
+            "error: no trajectory got past the machinery (every one is an infrastructure "
+            f"failure: {counts}); check the servers (--server/--model) and the first errors in "
+            f"{out}",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise typer.Exit(code=1)
 
 
 async def _collect(

@@ -10,7 +10,9 @@ semaphore); samples are pulled lazily, so a long dataset never becomes a long ta
 ``stream`` yields each ``TrajectoryGroup`` the moment its last member finishes (no whole-batch
 barrier). A rollout never raises out of the collector: every failure becomes a
 ``RolloutStatus`` on its trajectory (see ``agentrl.agent.status_for``), and one failing
-member never cancels its siblings. An optional ``Rubric`` scores each finished group
+member never cancels its siblings (an unknown or doubly registered AgentLoop name is a
+configuration error: ``run_group`` raises it once). Each trajectory records the AgentLoop's
+name (``Trajectory.agent``). An optional ``Rubric`` scores each finished group
 (group-aware reward functions see all members); its failure is ``error_reward``.
 """
 
@@ -85,7 +87,7 @@ class RolloutCollector:
         rubric: Rubric | None = None,
     ) -> None:
         config.validate()
-        AGENTS.spec(config.agent)  # fail early on an unknown default loop
+        AGENTS.get(config.agent)  # fail early on an unknown (or doubly registered) default loop
         if config.tool_parser is not None:
             TOOL_PARSERS.spec(config.tool_parser)
         self.config = config
@@ -148,6 +150,7 @@ class RolloutCollector:
 
     async def run_group(self, sample: Sample) -> TrajectoryGroup:
         """``group_size`` rollouts of one sample, run concurrently, then scored by the rubric."""
+        AGENTS.get(sample.agent or self.config.agent)  # a bad name fails once, not per rollout
         tasks = [
             asyncio.create_task(self.run_trajectory(sample)) for _ in range(self.config.group_size)
         ]
@@ -187,8 +190,9 @@ class RolloutCollector:
         env: Env | None = None
         ctx: RolloutContext | None = None
         timeout = asyncio.timeout(self.config.timeout_s)
+        agent_name = sample.agent or self.config.agent
         try:
-            agent = make_agent(sample.agent or self.config.agent)
+            agent = make_agent(agent_name)
             env = self._make_env(sample)
             ctx = RolloutContext(
                 sample=sample,
@@ -208,6 +212,7 @@ class RolloutCollector:
         finally:
             if env is not None:
                 await _close(env)
+        traj.agent = agent_name
         if self.config.check_ledger and ctx is not None:
             self._check_ledger(ctx, traj)
         return traj

@@ -5,7 +5,7 @@
 
 JSONL: one ``Trajectory.to_dict()`` (or ``TrajectoryGroup.to_dict()``) per line.
 Parquet (pyarrow): one row per trajectory. Scalars are columns (``id``, ``uid``, ``env_id``,
-``status``, ``reward``, timings, ``num_turns``) and the token ledger is proper nested columns
+``status``, ``reward``, timings, ``agent``, ``num_turns``) and the token ledger is proper nested columns
 (``segments_token_ids: list<list<int64>>``, likewise ``loss_mask``, ``logprobs``,
 ``versions``) so analytics read it without JSON; messages, turns, the sample, metrics and
 reward components are JSON strings. Groups add a ``group_index`` column.
@@ -23,7 +23,7 @@ from agentrl.types import Trajectory, TrajectoryGroup
 
 _LEDGER = ("token_ids", "loss_mask", "logprobs", "versions")
 _JSON_COLS = ("sample", "messages", "turns", "reward_components", "metrics")
-_SCALARS = ("id", "status", "error", "reward", "llm_time_s", "env_time_s", "wall_time_s")
+_SCALARS = ("id", "status", "error", "reward", "llm_time_s", "env_time_s", "wall_time_s", "agent")
 
 
 def _fmt(path: Path) -> str:
@@ -107,7 +107,7 @@ def _row(t: Trajectory) -> dict[str, Any]:
 
 
 def _from_row(r: dict[str, Any]) -> Trajectory:
-    d: dict[str, Any] = {k: r[k] for k in _SCALARS}
+    d: dict[str, Any] = {k: r.get(k) for k in _SCALARS}  # files from before a column have none
     for k in _JSON_COLS:
         d[k] = json.loads(r[k])
     cols = [r[f"segments_{k}"] or [] for k in _LEDGER]
@@ -128,6 +128,7 @@ def _schema(with_group: bool) -> Any:
         ("llm_time_s", pa.float64()),
         ("env_time_s", pa.float64()),
         ("wall_time_s", pa.float64()),
+        ("agent", pa.string()),
         ("num_turns", pa.int64()),
         *((k, pa.string()) for k in _JSON_COLS),
         ("segments_token_ids", pa.list_(pa.list_(pa.int64()))),

@@ -4,7 +4,8 @@
 
 Rates are fractions of trajectories; ``*_mean`` are means over trajectories. Every
 ``RolloutStatus`` gets a ``rollout/status/<status>`` key (0.0 when absent) so dashboards have
-stable series.
+stable series. A loop's own ``ctx.metrics["name"]`` becomes ``rollout/name_mean``, the mean
+over the trajectories that report it (``rollout/custom/name_mean`` where that name is taken).
 """
 
 from __future__ import annotations
@@ -50,4 +51,21 @@ def rollout_metrics(trajectories: Iterable[Trajectory]) -> dict[str, float]:
     }
     for status in RolloutStatus:
         out[f"rollout/status/{status.value}"] = _mean([float(t.status is status) for t in ts])
+    for k, v in _custom_metrics(ts).items():  # a loop's "reward" must not hide reward_mean
+        out[k if k not in out else k.replace("rollout/", "rollout/custom/", 1)] = v
     return out
+
+
+# Per-trajectory metrics that the keys above already aggregate.
+_BUILTIN_METRICS = frozenset({"tool_calls", "tool_errors", "parse_errors", "success", "turns"})
+
+
+def _custom_metrics(ts: list[Trajectory]) -> dict[str, float]:
+    """``rollout/<name>_mean`` for each other ``Trajectory.metrics`` key (a loop's own
+    ``ctx.metrics``), averaged over the trajectories that have it."""
+    values: dict[str, list[float]] = {}
+    for t in ts:
+        for k, v in t.metrics.items():
+            if k not in _BUILTIN_METRICS and not k.startswith("reward/"):
+                values.setdefault(k, []).append(float(v))
+    return {f"rollout/{k}_mean": _mean(v) for k, v in sorted(values.items())}

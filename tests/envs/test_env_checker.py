@@ -41,6 +41,41 @@ class DeclaredNondeterministic(Unseeded):
     nondeterministic = True
 
 
+class HiddenUnseeded(Env):
+    """The prompt never changes, but the secret behind it ignores the seed."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.secret = random.randint(0, 10**9)
+        return [Message(role="user", content="Guess my number.")], {}
+
+    def step(self, action: Message):
+        hint = f"it is not {self.secret % 997}"  # reveals the hidden state
+        return [Message(role="user", content=hint)], 0.0, False, False, {}
+
+
+class HiddenUnseededWithDemo(HiddenUnseeded):
+    def step(self, action: Message):
+        return [], float(action.text == str(self.secret)), True, False, {}
+
+    def demonstration(self) -> list[Message]:
+        return [Message(role="assistant", content=str(self.secret))]
+
+
+class LaterStepsUnseeded(Good):
+    """Same task per seed, but from the second step on the replies use the global RNG."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self.turn = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: Message):
+        self.turn += 1
+        if self.turn < 2:
+            return [Message(role="user", content="again")], 0.0, False, False, {}
+        return [Message(role="user", content=str(random.random()))], 0.0, self.turn > 4, False, {}
+
+
 class NanReward(Good):
     def step(self, action: Message):
         return [], float("nan"), True, False, {}
@@ -113,6 +148,35 @@ def test_nondeterministic_envs_skip_determinism_checks() -> None:
     assert check_env(
         MaxTurns(DeclaredNondeterministic(), max_turns=5)
     ).passed  # wrappers forward the flag
+
+
+@pytest.mark.parametrize(
+    ("env", "text"),
+    [
+        (HiddenUnseeded(), "differ at step 1"),  # same prompt, different hidden state
+        (HiddenUnseededWithDemo(), "different demonstrations"),
+        (LaterStepsUnseeded(), "differ at step 2"),
+    ],
+)
+def test_hidden_state_that_ignores_the_seed_fails_determinism(env: Env, text: str) -> None:
+    det = failed(check_env(env, skip_determinism=False)).get("determinism", "")
+    assert text in det and "self.np_random" in det, det
+
+
+def test_declared_nondeterministic_hidden_state_passes() -> None:
+    class Declared(HiddenUnseededWithDemo):
+        nondeterministic = True
+
+    report = check_env(Declared())
+    assert report.passed, str(report)
+    assert "determinism" in {r.name for r in report.results if r.skipped}
+
+
+def test_check_env_cli_passes_env_kwargs() -> None:
+    report = check_env_cli("games/GuessNumber-v0", {"high": 7})
+    assert report.passed, str(report)
+    with pytest.raises(TypeError):
+        check_env_cli("games/GuessNumber-v0", {"no_such_kwarg": 1})
 
 
 @pytest.mark.parametrize(

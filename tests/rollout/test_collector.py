@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from agentrl.agent import AGENTS, AgentLoop, register_agent
 from agentrl.errors import ConfigError, InferenceError, RewardError, UnknownIdError
 from agentrl.reward import Rubric
 from agentrl.rollout.collector import CollectorConfig, RolloutCollector
@@ -178,3 +179,44 @@ def test_config_is_validated(chatml) -> None:  # type: ignore[no-untyped-def]
         RolloutCollector(CollectorConfig(group_size=0), gen, chatml)
     with pytest.raises(UnknownIdError, match="Did you mean"):
         RolloutCollector(CollectorConfig(agent="tool_caling"), gen, chatml)
+
+
+class CountingLoop(AgentLoop):
+    """env_driver plus a loop-specific metric."""
+
+    async def run(self, sample, ctx):  # type: ignore[no-untyped-def]
+        await ctx.reset()
+        reply = await ctx.generate()
+        ctx.metrics["drafts"] = 2.0 if "even" in ctx.messages[0].text else 4.0
+        ctx.metrics["reward"] = 7.0  # a name the built-in keys already use
+        await ctx.step(reply.message)
+
+
+async def test_custom_metrics_aggregate_and_trajectories_name_their_loop(chatml) -> None:  # type: ignore[no-untyped-def]
+    register_agent("test-counting", CountingLoop)
+    try:
+        c = collector(chatml, ScriptedGenerator(chatml, ["yes"] * 8), group_size=2)
+        samples = [
+            Sample(env_id="test-rollout/Echo-v0", env_kwargs={"prompt": "even"}),
+            Sample(
+                env_id="test-rollout/Echo-v0", env_kwargs={"prompt": "odd"}, agent="test-counting"
+            ),
+            Sample(
+                env_id="test-rollout/Echo-v0", env_kwargs={"prompt": "even"}, agent="test-counting"
+            ),
+        ]
+        groups = await c.collect(samples)
+    finally:
+        AGENTS.unregister("test-counting")
+    agents = {t.sample.agent: t.agent for g in groups for t in g.trajectories}
+    assert agents == {None: "env_driver", "test-counting": "test-counting"}
+    m = RolloutCollector.metrics(groups)
+    assert m["rollout/drafts_mean"] == 3.0  # over the 4 trajectories that report it
+    assert m["rollout/custom/reward_mean"] == 7.0 and m["rollout/reward_mean"] == 1.0
+    assert "rollout/tool_calls_mean" in m and "rollout/tool_calls_mean_mean" not in m
+
+
+async def test_an_unknown_per_sample_loop_fails_once_not_per_rollout(chatml) -> None:  # type: ignore[no-untyped-def]
+    c = collector(chatml, ScriptedGenerator(chatml, ["yes"]), group_size=4)
+    with pytest.raises(UnknownIdError, match="--module"):
+        await c.collect([Sample(env_id="test-rollout/Echo-v0", agent="no-such-loop")])
