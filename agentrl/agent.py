@@ -44,6 +44,7 @@ from agentrl.errors import (
 from agentrl.inference.protocol import Completion, Generator, SamplingParams
 from agentrl.registry import MODULES_HINT, Registry
 from agentrl.rollout.ledger import TokenLedger
+from agentrl.splits import reset_sample
 from agentrl.tool import ToolSet
 from agentrl.tool_parsers import ToolParser, format_error_observation
 from agentrl.types import Message, RolloutStatus, Sample, ToolCall, Trajectory, Turn
@@ -296,11 +297,14 @@ class RolloutContext:
         return self.env
 
     async def reset(self, *, options: dict[str, Any] | None = None) -> list[Message]:
-        """Reset the env with the sample's seed; its observation is added to the conversation."""
+        """Reset the env with the sample's seed; its observation is added to the conversation.
+
+        A sample with a ``split`` gets a task of that split (``agentrl.splits.reset_in_split``).
+        """
         env = self._require_env()
         t0 = time.perf_counter()
         try:
-            obs, _info = await env.areset(seed=self.sample.seed, options=options)
+            obs, _info = await reset_sample(env, self.sample, options=options)
         except (EnvError, SandboxError, InferenceError):
             raise
         except Exception as e:

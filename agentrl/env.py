@@ -141,6 +141,20 @@ class Env(gym.Env[Observation, Message]):
             raise NotImplementedError(f"{type(self).__name__} must implement step() or astep()")
         return _run_sync(self.astep(action))
 
+    def task_key(self, observation: Observation, info: Info) -> str:
+        """What names the task just drawn by reset; its hash decides the train/eval split.
+
+        Two resets with the same key are the same task, so a key must hold everything that
+        tells tasks apart. The default is ``info["task_key"]`` when reset returns one, else
+        the text of the reset observation (the prompt). Override it when tasks differ in
+        hidden state behind the same prompt (a secret number, a repository's commit).
+        See ``agentrl.splits``.
+        """
+        key = info.get("task_key")
+        if key is not None:
+            return str(key)
+        return "\n".join(f"{m.role}: {m.text}" for m in map(Message.coerce, observation))
+
     def demonstration(self) -> list[Message] | None:
         """An oracle conversation solving the current episode (after reset), for SFT warm-up.
 

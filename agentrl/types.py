@@ -154,6 +154,9 @@ class Sample:
     ``env_id`` names a registered env; ``env_kwargs`` are passed to its constructor and
     ``seed`` to ``reset``. ``agent`` names a registered AgentLoop (None: the recipe's default).
     ``uid`` identifies the prompt: all members of one GRPO group share it.
+    ``split`` ("train" or "eval") makes the reset draw a task of that content split, with
+    ``eval_fraction`` of all tasks in "eval" (``agentrl.splits``); None resets with the seed
+    as it is.
     """
 
     env_id: str
@@ -162,6 +165,8 @@ class Sample:
     agent: str | None = None
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     extra: JSON = field(default_factory=dict)
+    split: str | None = None
+    eval_fraction: float = 0.2
 
     def to_dict(self) -> JSON:
         return {
@@ -171,6 +176,8 @@ class Sample:
             "agent": self.agent,
             "uid": self.uid,
             "extra": self.extra,
+            "split": self.split,
+            "eval_fraction": self.eval_fraction,
         }
 
     @classmethod
@@ -182,6 +189,8 @@ class Sample:
             agent=d.get("agent"),
             uid=d.get("uid") or uuid.uuid4().hex,
             extra=dict(d.get("extra") or {}),
+            split=d.get("split"),
+            eval_fraction=float(d.get("eval_fraction", 0.2)),
         )
 
 

@@ -67,6 +67,10 @@ class GuessNumberEnv(Env):
         prompt = f"Guess my number between {self.low} and {self.high}. Reply with a number."
         return [Message(role="user", content=prompt)], {"max_turns": self.max_turns}
 
+    def task_key(self, observation: Observation, info: Info) -> str:
+        """The secret (every game shows the same prompt)."""
+        return f"secret {self.secret} in {self.low}..{self.high}"
+
     def _feedback(self, text: str) -> tuple[str, bool]:
         found = _INT.findall(text)
         if not found:

@@ -30,6 +30,7 @@ from agentrl.env import make_env
 from agentrl.errors import ConfigError, TokenizationError
 from agentrl.logging import MetricsLogger, mean_metrics, progress
 from agentrl.rollout.ledger import TokenLedger
+from agentrl.splits import reset_sample
 from agentrl.types import JSON, Message, Sample, Segment, Trajectory, TrajectoryGroup
 from trainers.config import DataConfig, RunConfig
 
@@ -90,7 +91,7 @@ def _assistant_body(
 async def _demonstration(sample: Sample) -> Conversation | None:
     env = make_env(sample.env_id, **sample.env_kwargs)
     try:
-        obs, _ = await env.areset(seed=sample.seed)
+        obs, _ = await reset_sample(env, sample)  # a train-split task, as in RL
         demo = env.demonstration()
         if demo is None:
             return None
@@ -101,7 +102,8 @@ async def _demonstration(sample: Sample) -> Conversation | None:
 
 
 def demonstrations(data: DataConfig, num: int) -> list[Conversation]:
-    """Oracle conversations for the first ``num`` train samples of ``data`` (seeds as in RL)."""
+    """Oracle conversations for the first ``num`` train samples of ``data`` (the train split,
+    seeds as in RL); no eval-split task is ever among them."""
     samples = [data.sample(i) for i in range(num)]
 
     async def all_demos() -> list[Conversation | None]:
@@ -185,7 +187,7 @@ def base_model(cfg: RunConfig) -> Path:
         make_tiny_model(path, arch=t.arch, hidden_size=t.hidden_size, num_layers=t.num_layers,  # type: ignore[arg-type]
                         num_heads=t.num_heads, num_kv_heads=t.num_kv_heads,
                         intermediate_size=t.intermediate_size or None, vocab_size=t.vocab_size,
-                        seed=t.seed, dtype="float32")  # fmt: skip
+                        seed=cfg.seed if t.seed is None else t.seed, dtype="float32")  # fmt: skip
     return path
 
 
