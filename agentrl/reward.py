@@ -63,6 +63,15 @@ def is_group_reward(fn: Callable[..., Any]) -> bool:
     return bool(getattr(fn, _GROUP_ATTR, False))
 
 
+def env_reward(completion: Any, info: RewardInfo) -> float:
+    """The env's own reward for the rollout (``info["env_reward"]``, set by the collector).
+
+    Put it in a rubric to keep the env's reward as one weighted term:
+    ``Rubric([(env_reward, 1.0), (format_bonus, 0.1)])``.
+    """
+    return float(info["env_reward"])
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RewardResult:
     """The score of one completion.

@@ -6,7 +6,9 @@ RunConfig
 ├── model       an HF directory, or a tiny model built locally from a spec
 ├── data        which envs, and the seeds of the samples drawn from them (the data cursor)
 ├── rollout     the RolloutCollector: group size, agent, sampling, turn and token limits
-├── algo        advantage estimator, policy loss, KL, entropy, aggregation, group filtering
+├── reward      an optional rubric of reward functions (import strings) replacing the env's
+├── algo        advantage estimator, policy loss, KL (+ controller), entropy, aggregation,
+│               group filtering, rollout IS correction, overlong filter / penalty
 ├── train       steps, batch size (in groups), PPO epochs, mini-batches, ranks
 ├── engine      the policy's engine (optimizer, LR schedule, dtype, device, micro-batches)
 ├── critic      the critic's engine (adv_estimator=gae only)
@@ -34,6 +36,8 @@ from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError
 from agentrl.inference.supervisor import ServerSupervisor
 from agentrl.logging import MetricsLogger
+from agentrl.registry import load_entry_point
+from agentrl.reward import Rubric
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import Sample
 from trainers.checkpoint import CheckpointManager
@@ -104,9 +108,44 @@ class KLConfig:
     type: str = "k3"
     """KL estimator (a KL_PENALTIES name: k1, k2, k3, abs, ...)."""
     coef: float = 0.0
-    """0 disables KL and the reference model."""
+    """0 disables KL and the reference model. With controller=adaptive: the initial value."""
     in_reward: bool = False
     """True: subtract coef * KL from the token rewards (PPO style); False: add it to the loss."""
+    controller: str = "fixed"
+    """fixed | adaptive: after each step, move coef towards ``target`` KL (Ziegler et al.,
+    ``agentrl.algos.AdaptiveKLController``); its value is saved in checkpoints."""
+    target: float = 0.1
+    """adaptive: the KL (token mean of ``type`` against the reference) to hold."""
+    horizon: int = 10000
+    """adaptive: sequences over which coef moves by at most a factor 1.2 (e^0.2)."""
+
+
+@dataclass(kw_only=True)
+class RolloutISConfig:
+    """Truncated importance sampling between the trainer's and the servers' logprobs."""
+
+    enabled: bool = False
+    """Weight each token's policy loss by min(pi_old / mu, cap) (``agentrl.algos.correction``)."""
+    level: str = "token"
+    """token: one weight per token; sequence: the product of a sequence's token ratios."""
+    cap: float = 2.0
+    """Upper truncation of the weight."""
+
+
+@dataclass(kw_only=True)
+class OverlongConfig:
+    """DAPO's overlong handling (``agentrl.algos.filters``)."""
+
+    filter: bool = False
+    """Mask rollouts that ran out of tokens (status truncated_length) out of the loss."""
+    penalty: bool = False
+    """Add the soft length penalty to the reward: 0 up to max_len - cache_len generated tokens,
+    then a linear ramp down to -penalty_factor at max_len."""
+    max_len: int = 0
+    """penalty: generated tokens (all turns of a trajectory) that earn the full penalty."""
+    cache_len: int = 0
+    """penalty: width of the ramp, 0 < cache_len <= max_len."""
+    penalty_factor: float = 1.0
 
 
 @dataclass(kw_only=True)
@@ -127,6 +166,52 @@ class AlgoConfig:
     """Drop groups whose rewards are all equal (no GRPO signal) and sample more (DAPO)."""
     max_filter_rounds: int = 4
     """With filter_groups: give up (TrainingError) after this many extra rounds."""
+    rollout_is: RolloutISConfig = field(default_factory=RolloutISConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+
+
+@dataclass(kw_only=True)
+class RubricEntry:
+    fn: str
+    """Import string of a reward function, 'package.module:function' (see agentrl.reward)."""
+    weight: float = 1.0
+    """0: computed and logged as a metric only."""
+    name: str = ""
+    """Component name in metrics; empty: the function's name."""
+
+
+@dataclass(kw_only=True)
+class RewardConfig:
+    rubric: list[RubricEntry] = field(default_factory=list)
+    """Reward functions whose weighted sum replaces the env's reward of every rollout (train,
+    and the greedy baselines of remax); empty: the env's reward. Include
+    ``agentrl.reward:env_reward`` to keep the env's reward as one term."""
+
+    def build_rubric(self) -> Rubric | None:
+        """The Rubric of ``rubric`` (None when empty); a bad entry raises ConfigError."""
+        if not self.rubric:
+            return None
+        funcs = []
+        for i, e in enumerate(self.rubric):
+            key = f"reward.rubric[{i}]"
+            try:
+                fn = load_entry_point(e.fn)
+            except ConfigError:
+                raise ConfigError(
+                    f"{key}.fn must look like 'package.module:function', got {e.fn!r}; "
+                    "e.g. agentrl.reward:env_reward"
+                ) from None
+            except (ImportError, AttributeError) as exc:
+                raise ConfigError(
+                    f"{key}.fn={e.fn!r} cannot be imported ({type(exc).__name__}: {exc}); "
+                    "check the module is installed or on PYTHONPATH and the function's name"
+                ) from None
+            if not callable(fn):
+                raise ConfigError(f"{key}.fn={e.fn!r} is a {type(fn).__name__}, not a function")
+            if not math.isfinite(e.weight):
+                raise ConfigError(f"{key}.weight must be a finite number, got {e.weight}")
+            funcs.append((fn, e.weight, e.name) if e.name else (fn, e.weight))
+        return Rubric(funcs)
 
 
 @dataclass(kw_only=True)
@@ -245,6 +330,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: CollectorConfig = field(default_factory=CollectorConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -266,6 +352,8 @@ class RunConfig:
     def validate(self) -> None:
         _validate_shapes(self)
         _validate_names(self)
+        _validate_algo_options(self)
+        self.reward.build_rubric()
 
 
 def _validate_shapes(cfg: RunConfig) -> None:
@@ -351,6 +439,41 @@ def _validate_names(cfg: RunConfig) -> None:
     cfg.engine.validate()
     if cfg.algo.adv_estimator == "gae":
         cfg.critic.validate()
+
+
+def _validate_algo_options(cfg: RunConfig) -> None:
+    """KL controller, rollout IS correction, overlong filter/penalty."""
+    kl, is_, ol = cfg.algo.kl, cfg.algo.rollout_is, cfg.algo.overlong
+    if kl.controller not in ("fixed", "adaptive"):
+        raise ConfigError(f"algo.kl.controller must be fixed or adaptive, got {kl.controller!r}")
+    if kl.controller == "adaptive":
+        if kl.coef <= 0:
+            raise ConfigError(
+                "algo.kl.controller=adaptive needs an initial algo.kl.coef > 0 (it also turns on "
+                f"the reference model), got {kl.coef}; try algo.kl.coef=0.001"
+            )
+        if kl.target <= 0 or kl.horizon <= 0:
+            raise ConfigError(
+                f"algo.kl.target ({kl.target}) and algo.kl.horizon ({kl.horizon}) must be > 0 "
+                "with algo.kl.controller=adaptive; try algo.kl.target=0.1 algo.kl.horizon=10000"
+            )
+    if is_.enabled:
+        if is_.level not in ("token", "sequence"):
+            raise ConfigError(f"algo.rollout_is.level must be token or sequence, got {is_.level!r}")
+        if not is_.cap > 0:
+            raise ConfigError(f"algo.rollout_is.cap must be > 0, got {is_.cap}; try 2.0")
+    if ol.penalty:
+        if ol.max_len <= 0:
+            raise ConfigError(
+                "algo.overlong.penalty=true needs algo.overlong.max_len > 0 (generated tokens "
+                f"that earn the full penalty), got {ol.max_len}; try algo.overlong.max_len="
+                f"{cfg.rollout.max_new_tokens * cfg.rollout.max_turns}"
+            )
+        if not 0 < ol.cache_len <= ol.max_len:
+            raise ConfigError(
+                f"algo.overlong.cache_len must be in (0, algo.overlong.max_len={ol.max_len}], got "
+                f"{ol.cache_len}; try algo.overlong.cache_len={max(1, ol.max_len // 4)}"
+            )
 
 
 def load_run_config(recipe: str | Path | None, overrides: list[str] | None = None) -> RunConfig:

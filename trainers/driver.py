@@ -2,12 +2,15 @@
 
     setup:  local Ray -> base model (tiny or HF dir) -> [SFT warm-up] -> embedded servers
             -> worker groups (actor, [ref], [critic]) -> [resume from the latest checkpoint]
-    step:   collect groups (seeded, streaming) -> TrainBatch -> old/ref logprobs, values
-            -> rewards (+KL) -> advantages -> critic + policy update -> weight sync (version+1)
-            -> metrics -> checkpoint every N
+    step:   collect groups (seeded, streaming) -> [remax: greedy baselines] -> TrainBatch
+            -> [overlong penalty / filter] -> old/ref logprobs, values, [rollout IS weights]
+            -> rewards (+KL) -> advantages -> critic + policy update -> [adaptive KL coef]
+            -> weight sync (version+1) -> metrics -> checkpoint every N
     end:    eval -> export HF -> reward curve PNG + summary.json
 
-Features are steps of ``Trainer.step`` (KL, critic, group filtering), never a second loop.
+Features are steps of ``Trainer.step`` (KL, critic, group filtering, overlong handling, rollout
+IS correction, remax baselines), never a second loop. A ``reward.rubric`` rescores every group
+inside the collector.
 The driver owns the data cursor (which samples come next), the weight version and the
 run's RNG; the engines own model/optimizer/scheduler state; a checkpoint holds both.
 """
@@ -25,9 +28,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.algos import ADV_ESTIMATORS, AdvantageInputs, DynamicSampler, apply_kl_to_reward
+from agentrl.algos import (
+    ADV_ESTIMATORS,
+    AdaptiveKLController,
+    AdvantageInputs,
+    DynamicSampler,
+    FixedKLController,
+    ISCorrectionConfig,
+    apply_kl_to_reward,
+    kl_penalty,
+    overlong_filter_mask,
+    overlong_penalty,
+    rollout_is_weights,
+)
 from agentrl.algos.aggregation import masked_mean
 from agentrl.algos.filters import group_has_signal
+from agentrl.algos.ops import scatter_to_last_token
 from agentrl.batch import TrainBatch
 from agentrl.chat import ChatTemplate
 from agentrl.config import to_yaml
@@ -36,7 +52,7 @@ from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError, TrainingError
 from agentrl.logging import MetricsLogger, Timer, mean_metrics
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.types import TrajectoryGroup
+from agentrl.types import RolloutStatus, Trajectory, TrajectoryGroup
 from trainers.checkpoint import (
     CheckpointManager,
     TrainerState,
@@ -44,7 +60,7 @@ from trainers.checkpoint import (
     load_state,
     restore_rng,
 )
-from trainers.config import RunConfig
+from trainers.config import KLConfig, OverlongConfig, RunConfig
 from trainers.eval import eval_metrics, write_report
 from trainers.serving import Fleet, resolve_device
 from trainers.sft import warm_up
@@ -66,6 +82,7 @@ class Trainer:
         self.version = 0  # weight version on the servers
         self.cursor = 0  # next train sample index
         self.failed_steps = 0  # consecutive steps whose rollouts all failed in the machinery
+        self.kl_ctl = kl_controller(cfg.algo.kl)  # its value is checkpointed
         self._groups: list[WorkerGroup[Any]] = []
         self._pool: ResourcePool | None = None
         self._owns_ray = False
@@ -97,7 +114,8 @@ class Trainer:
         self.pad_id = int(self.template.tokenizer.pad_token_id)
         self.fleet = Fleet.for_run(cfg, self.run_dir / "logs")
         self.fleet.start(self.policy_path)
-        self.collector = self.fleet.collector(cfg.rollout, self.template)
+        self.rubric = cfg.reward.build_rubric()
+        self.collector = self.fleet.collector(cfg.rollout, self.template, rubric=self.rubric)
         self._build_workers()
         if state is not None:
             self._restore(state)
@@ -112,12 +130,18 @@ class Trainer:
         self._check_rollouts(groups, step)
         batch = TrainBatch.from_groups(groups, self.pad_id)
         metrics = {**RolloutCollector.metrics(groups), **filter_metrics}
+        if cfg.algo.adv_estimator == "remax":
+            with self.timer.time("baseline"):
+                metrics |= self.greedy_baselines(groups, batch)
+        metrics |= self.overlong(batch)
         with self.timer.time("logprob"):
             metrics |= self.score(batch)
         with self.timer.time("adv"):
             metrics |= self.advantages(batch)
         with self.timer.time("update"):
             metrics |= self.update(batch)
+        if self.ref is not None:  # the coefficient of the next step (adaptive controller)
+            self.kl_ctl.update(metrics["train/kl"], n_steps=int(batch.sample_mask.sum()))
         with self.timer.time("sync"):
             self.sync_weights(self.version + 1)
         self.step_done = step  # the data cursor moved in collect()
@@ -185,11 +209,24 @@ class Trainer:
             batch["values"] = self.critic.compute_values(batch)["values"]
         mask = batch.loss_mask
         diff = (batch["old_logprobs"] - batch.rollout_logprobs).abs()
-        return {
+        out = {
             "train/rollout_logprob_diff": float(masked_mean(diff, mask)),
             "train/rollout_logprob_diff_max": float((diff * mask).max()) if mask.any() else 0.0,
             "train/num_loss_tokens": float(mask.sum()),
         }
+        if self.ref is not None:  # what the KL controller reads, in either KL mode
+            kl = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], cfg.algo.kl.type)
+            out["train/kl"] = float(masked_mean(kl, mask))
+            out["train/kl_coef"] = self.kl_ctl.value
+        ris = cfg.algo.rollout_is
+        if ris.enabled:  # the servers sampled from mu, the loss assumes pi_old: reweight
+            is_cfg = ISCorrectionConfig(level=ris.level, cap=ris.cap)  # type: ignore[arg-type]
+            weights, m = rollout_is_weights(
+                batch["old_logprobs"], batch.rollout_logprobs, mask, is_cfg
+            )
+            batch["is_weights"] = weights  # (B, T), read by the policy loss
+            out |= {f"train/is_{k.removeprefix('is_')}": float(v) for k, v in m.items()}
+        return out
 
     def advantages(self, batch: TrainBatch) -> dict[str, float]:
         """Rewards (minus KL when it is a reward penalty) -> advantages and returns."""
@@ -199,7 +236,7 @@ class Trainer:
         if self.ref is not None and algo.kl.in_reward:
             token_rewards, kl_m = apply_kl_to_reward(
                 token_rewards, batch["old_logprobs"], batch["ref_logprobs"], batch.loss_mask,
-                kind=algo.kl.type, coef=algo.kl.coef,
+                kind=algo.kl.type, coef=self.kl_ctl.value,
             )  # fmt: skip
             out = {f"train/{k}": float(v) for k, v in kl_m.items()}
         inputs = AdvantageInputs(
@@ -207,7 +244,11 @@ class Trainer:
             token_rewards=token_rewards,
             values=batch["values"] if self.critic is not None else None,
             group_ids=batch.group_ids,
+            baseline_rewards=batch["baseline_rewards"] if algo.adv_estimator == "remax" else None,
         )
+        scores = inputs.scores()
+        rows = batch.sample_mask.bool()
+        out["train/score_mean"] = float(scores[rows].mean()) if rows.any() else 0.0
         adv, returns = ADV_ESTIMATORS.get(algo.adv_estimator)(inputs, algo.adv)
         batch["advantages"], batch["returns"] = adv, returns
         out["train/advantage_abs_mean"] = float(masked_mean(adv.abs(), batch.loss_mask))
@@ -225,12 +266,70 @@ class Trainer:
         kl = cfg.algo.kl
         spec = PolicyUpdate(
             loss=cfg.algo.policy_loss, loss_cfg=cfg.algo.clip, agg=cfg.algo.loss_agg,
-            entropy_coef=cfg.algo.entropy_coef, kl_coef=kl.coef if (self.ref is not None and not kl.in_reward) else 0.0,
+            entropy_coef=cfg.algo.entropy_coef, kl_coef=self.kl_ctl.value if (self.ref is not None and not kl.in_reward) else 0.0,
             kl_type=kl.type, epochs=cfg.train.ppo_epochs, num_mini_batches=num_mini,
-            temperature=cfg.rollout.temperature,
+            temperature=cfg.rollout.temperature, is_weights=cfg.algo.rollout_is.enabled,
         )  # fmt: skip
         out |= mean_metrics(self.actor.update_policy(batch, spec))
         return out
+
+    def greedy_baselines(
+        self, groups: list[TrajectoryGroup], batch: TrainBatch
+    ) -> dict[str, float]:
+        """ReMax: one greedy (temperature 0) rollout of each group's sample, scored like the
+        group (same rubric, same overlong penalty); its reward is the group's baseline."""
+        assert self.fleet is not None
+        greedy_cfg = replace(self.cfg.rollout, group_size=1, temperature=0.0)
+        collector = self.fleet.collector(greedy_cfg, self.template, rubric=self.rubric)
+        greedy = self.fleet.collect(collector, [g.trajectories[0].sample for g in groups])
+        baseline: dict[str, float] = {}
+        fallbacks = 0
+        for group, g in zip(groups, greedy, strict=True):
+            t = g.trajectories[0]
+            if t.status.is_infra_failure:  # no greedy reward: the group's own mean stands in
+                ok = [x.reward for x in group.trajectories if not x.status.is_infra_failure]
+                baseline[group.uid] = sum(ok) / len(ok) if ok else 0.0
+                fallbacks += 1
+                continue
+            pen = self._overlong_penalty(torch.tensor([float(_generated_tokens(t))]))
+            baseline[group.uid] = t.reward + float(pen[0])
+        batch["baseline_rewards"] = torch.tensor([baseline[r.uid] for r in batch.rows])
+        values = list(baseline.values())
+        return {
+            "train/baseline_reward_mean": sum(values) / len(values),
+            "train/baseline_fallback_rate": fallbacks / len(groups),
+        }
+
+    def overlong(self, batch: TrainBatch) -> dict[str, float]:
+        """DAPO overlong handling: the soft length penalty into the rewards (by the generated
+        tokens of each row's trajectory), then rows that ran out of tokens out of the loss."""
+        ol = self.cfg.algo.overlong
+        out: dict[str, float] = {}
+        if ol.penalty:
+            pen = self._overlong_penalty(_trajectory_lengths(batch))  # (B,)
+            batch["rewards"] = batch.rewards + pen
+            batch["token_rewards"] = batch.token_rewards + scatter_to_last_token(
+                pen, batch.loss_mask
+            )
+            rows = batch.sample_mask.bool()
+            out["train/overlong_penalty_mean"] = float(pen[rows].mean()) if rows.any() else 0.0
+        if ol.filter:
+            truncated = torch.tensor(
+                [r.status is RolloutStatus.TRUNCATED_LENGTH for r in batch.rows]
+            )
+            batch["loss_mask"] = overlong_filter_mask(batch.loss_mask, truncated)
+            batch["sample_mask"] = batch.sample_mask * (~truncated).to(batch.sample_mask.dtype)
+            out["train/overlong_filtered_rate"] = float(truncated.float().mean())
+        return out
+
+    def _overlong_penalty(self, lengths: torch.Tensor) -> torch.Tensor:
+        """(B,) penalty for generated-token counts (B,); zeros without algo.overlong.penalty."""
+        ol: OverlongConfig = self.cfg.algo.overlong
+        if not ol.penalty:
+            return torch.zeros(lengths.shape)
+        return overlong_penalty(
+            lengths, max_len=ol.max_len, cache_len=ol.cache_len, factor=ol.penalty_factor
+        )
 
     def sync_weights(self, version: int) -> None:
         """Actor weights -> every server over HTTP, tagged ``version``, checksum-verified."""
@@ -280,8 +379,9 @@ class Trainer:
         self.actor.save(str(tmp / "actor"))
         if self.critic is not None:
             self.critic.save(str(tmp / "critic"))
+        extra = {"policy_path": str(self.policy_path), "kl_coef": self.kl_ctl.value}
         state = TrainerState(step=self.step_done, weight_version=self.version, data_cursor=self.cursor,
-                             rng=capture_rng(), extra={"policy_path": str(self.policy_path)})  # fmt: skip
+                             rng=capture_rng(), extra=extra)  # fmt: skip
         return self.ckpt.commit(tmp, state)
 
     def _prepare_run_dir(self) -> TrainerState | None:
@@ -310,6 +410,8 @@ class Trainer:
         if self.critic is not None:
             self.critic.load(str(path / "critic"))
         self.step_done, self.cursor = state.step, state.data_cursor
+        if "kl_coef" in state.extra:  # checkpoints from before the KL controller lack it
+            self.kl_ctl.value = float(state.extra["kl_coef"])
         self.sync_weights(state.weight_version)
         restore_rng(state.rng)
 
@@ -353,6 +455,26 @@ class Trainer:
             import ray
 
             ray.shutdown()
+
+
+def kl_controller(kl: KLConfig) -> FixedKLController | AdaptiveKLController:
+    """The KL coefficient's controller (``algo.kl.controller``), starting at ``algo.kl.coef``."""
+    if kl.controller == "adaptive":
+        return AdaptiveKLController(value=kl.coef, target=kl.target, horizon=kl.horizon)
+    return FixedKLController(value=kl.coef)
+
+
+def _generated_tokens(traj: Trajectory) -> int:
+    return sum(int(sum(s.loss_mask)) for s in traj.segments)
+
+
+def _trajectory_lengths(batch: TrainBatch) -> torch.Tensor:
+    """(B,) generated tokens of each row's whole trajectory (its rows are its segments)."""
+    index: dict[str, int] = {}
+    traj = torch.tensor([index.setdefault(r.trajectory_id, len(index)) for r in batch.rows])
+    per_row = batch.loss_mask.sum(-1)
+    per_traj = torch.zeros(len(index), dtype=per_row.dtype).index_add_(0, traj, per_row)
+    return per_traj[traj]
 
 
 def pool_config(cfg: RunConfig) -> ResourcePool.Config:

@@ -52,6 +52,7 @@ from agentrl.inference.weight_sync import (
     WeightSync,
     WeightSyncConfig,
 )
+from agentrl.reward import Rubric
 from agentrl.rollout.collector import CollectorConfig, RolloutCollector
 from agentrl.types import Sample, Trajectory, TrajectoryGroup
 from trainers.config import InferenceConfig, RunConfig
@@ -101,9 +102,14 @@ class SeededCollector(RolloutCollector):
     """A RolloutCollector whose rollouts are numbered within their group (for request seeds)."""
 
     def __init__(
-        self, config: CollectorConfig, generator: SeededGenerator, template: ChatTemplate
+        self,
+        config: CollectorConfig,
+        generator: SeededGenerator,
+        template: ChatTemplate,
+        *,
+        rubric: Rubric | None = None,
     ) -> None:
-        super().__init__(config, generator, template)
+        super().__init__(config, generator, template, rubric=rubric)
         self._members: dict[str, int] = {}
 
     async def run_trajectory(self, sample: Sample) -> Trajectory:
@@ -228,10 +234,13 @@ class Fleet:
             return SGLangWeightSync(client, SGLangWeightSync.Config(mode="disk", **kw))
         return DiskWeightSync(client, base)
 
-    def collector(self, config: CollectorConfig, template: ChatTemplate) -> SeededCollector:
+    def collector(
+        self, config: CollectorConfig, template: ChatTemplate, *, rubric: Rubric | None = None
+    ) -> SeededCollector:
+        """A collector on this fleet's servers; ``rubric`` (reward.rubric) rescores each group."""
         if self.generator is None:
             raise InferenceError("Fleet.collector() before start()")
-        return SeededCollector(config, self.generator, template)
+        return SeededCollector(config, self.generator, template, rubric=rubric)
 
     def collect(
         self, collector: SeededCollector, samples: Sequence[Sample]

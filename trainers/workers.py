@@ -62,6 +62,8 @@ class PolicyUpdate:
     epochs: int = 1
     num_mini_batches: int = 1
     temperature: float = 1.0
+    is_weights: bool = False
+    """Multiply the per-token policy loss by the batch's ``is_weights`` (rollout IS correction)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,7 +163,8 @@ class ActorWorker(RefWorker):
 
     @dispatch(Dispatch.DP_SPLIT)
     def update_policy(self, batch: TrainBatch, spec: PolicyUpdate) -> list[Metrics]:
-        """Needs fields ``old_logprobs`` and ``advantages`` (and ``ref_logprobs`` for KL loss).
+        """Needs fields ``old_logprobs`` and ``advantages`` (and ``ref_logprobs`` for KL loss,
+        ``is_weights`` (B, T) with ``spec.is_weights``).
 
         ``advantages`` is (B, T), or (B, 1) from a sequence-level estimator (grpo, rloo, ...):
         the losses broadcast it over ``loss_mask``. A mini-batch whose loss carries no gradient
@@ -180,9 +183,11 @@ class ActorWorker(RefWorker):
             assert logprobs is not None
             b, agg = mb.batch, _aggregation(spec.agg, mb)
             mask = b.loss_mask
+            is_w = b["is_weights"] if spec.is_weights else None
             loss, m = loss_fn(
-                logprobs, b["old_logprobs"], b["advantages"], mask, spec.loss_cfg, agg=agg
-            )
+                logprobs, b["old_logprobs"], b["advantages"], mask, spec.loss_cfg, agg=agg,
+                is_weights=is_w,
+            )  # fmt: skip
             out: dict[str, float | torch.Tensor] = {f"train/{k}": v for k, v in m.items()}
             out["train/pg_loss"] = _summed(loss.detach(), mb)
             if entropy is not None:

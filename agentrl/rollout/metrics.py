@@ -1,6 +1,7 @@
 """Aggregate metrics over finished trajectories (``rollout/...`` keys for the logger).
 
-    trajectories -> {"rollout/reward_mean": ..., "rollout/status/completed": 0.9, ...}
+    trajectories -> {"rollout/reward_mean": ..., "rollout/status/completed": 0.9,
+                     "rollout/reward/<component>": ..., ...}
 
 Rates are fractions of trajectories; ``*_mean`` are means over trajectories. Every
 ``RolloutStatus`` gets a ``rollout/status/<status>`` key (0.0 when absent) so dashboards have
@@ -51,6 +52,7 @@ def rollout_metrics(trajectories: Iterable[Trajectory]) -> dict[str, float]:
     }
     for status in RolloutStatus:
         out[f"rollout/status/{status.value}"] = _mean([float(t.status is status) for t in ts])
+    out |= _reward_parts(ts)
     for k, v in _custom_metrics(ts).items():  # a loop's "reward" must not hide reward_mean
         out[k if k not in out else k.replace("rollout/", "rollout/custom/", 1)] = v
     return out
@@ -69,3 +71,17 @@ def _custom_metrics(ts: list[Trajectory]) -> dict[str, float]:
             if k not in _BUILTIN_METRICS and not k.startswith("reward/"):
                 values.setdefault(k, []).append(float(v))
     return {f"rollout/{k}_mean": _mean(v) for k, v in sorted(values.items())}
+
+
+def _reward_parts(ts: list[Trajectory]) -> dict[str, float]:
+    """``rollout/reward/<name>``: each reward component (a rubric's weighted functions, an
+    env's ``reward_components``) and each zero-weight rubric metric, averaged over the
+    trajectories that have it."""
+    parts: dict[str, list[float]] = {}
+    for t in ts:
+        for k, v in t.reward_components.items():
+            parts.setdefault(k, []).append(v)
+        for k, v in t.metrics.items():
+            if k.startswith("reward/"):
+                parts.setdefault(k.removeprefix("reward/"), []).append(v)
+    return {f"rollout/reward/{k}": _mean(v) for k, v in sorted(parts.items())}
