@@ -37,6 +37,7 @@ from agentrl.errors import ConfigError, SandboxError
 from agentrl.http_guard import SESSION_HEADER
 from agentrl.sandbox import ExecResult, Sandbox, SandboxProcess, SweepReport, new_name
 from agentrl.toolserver.http import ApiClient, api_error
+from sandboxes._files import extract_tar
 
 TOKEN_ENV = "AGENTRL_SANDBOX_TOKEN"
 URL_ENV = "AGENTRL_SANDBOX_URL"
@@ -165,13 +166,12 @@ class RemoteSandbox(Sandbox):
         """Copy a sandbox file or directory to ``local_path`` (links stay inside it)."""
         r = await self._post("download", json={"path": remote_path})
         dst = Path(local_path)
-        with tempfile.TemporaryDirectory(dir=dst.parent) as tmp, \
-                tarfile.open(fileobj=io.BytesIO(r.content)) as tar:  # fmt: skip
-            try:
-                tar.extractall(tmp, filter="data")
-            except tarfile.FilterError as e:
+        with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
+            try:  # never follows a link in the archive (see _files.extract_tar)
+                extract_tar(io.BytesIO(r.content), Path(tmp) / "x")
+            except SandboxError as e:
                 raise SandboxError(f"refusing to download {remote_path}: {e}") from None
-            (entry,) = Path(tmp).iterdir()
+            (entry,) = (Path(tmp) / "x").iterdir()
             if dst.is_dir() and entry.is_dir():
                 shutil.rmtree(dst)
             entry.replace(dst)

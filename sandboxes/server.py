@@ -62,6 +62,7 @@ from agentrl.toolserver.http import (
     ReplayCache,
     install_error_handlers,
 )
+from sandboxes._files import extract_tar
 from sandboxes._server_processes import PipedProcess, process_routes
 
 logger = logging.getLogger(__name__)
@@ -366,11 +367,10 @@ def _transfer_routes(r: APIRouter, srv: SandboxServer) -> None:
             with tempfile.TemporaryDirectory(prefix="agentrl-upload-") as tmp:
                 src = Path(tmp) / "payload"
                 if is_dir:
-                    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
-                        try:
-                            tar.extractall(src, filter="data")
-                        except tarfile.FilterError as err:
-                            raise SandboxError(f"refusing to upload {path}: {err}") from None
+                    try:  # never follows a link in the archive (see _files.extract_tar)
+                        extract_tar(io.BytesIO(body), src)
+                    except SandboxError as err:
+                        raise SandboxError(f"refusing to upload {path}: {err}") from None
                 else:
                     src.write_bytes(body)
                 await e.sandbox.upload(src, path)
