@@ -36,6 +36,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
+import warnings
 from typing import Any
 
 from agentrl.env import Env, Info, Observation, StepResult
@@ -57,8 +58,12 @@ _OPS: dict[type, Any] = {
 def evaluate(expression: str) -> int | float:
     """Evaluate +, -, *, /, //, % and parentheses over numbers; ValueError otherwise."""
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as e:
+        with warnings.catch_warnings():
+            # Model text such as "2and 3" makes the tokenizer warn ("invalid decimal literal")
+            # on stderr; it is just an invalid expression here.
+            warnings.simplefilter("error", SyntaxWarning)
+            tree = ast.parse(expression.strip(), mode="eval")
+    except (SyntaxError, SyntaxWarning) as e:
         raise ValueError(f"invalid expression {expression!r}") from e
 
     def ev(node: ast.AST) -> int | float:

@@ -184,7 +184,10 @@ class Trainer:
         """``train.batch_size`` groups; with ``algo.filter_groups`` only groups with reward signal."""
         n = self.cfg.train.batch_size
         sampler = DynamicSampler[TrajectoryGroup](
-            target=n, max_rounds=self.cfg.algo.max_filter_rounds
+            target=n,
+            max_rounds=self.cfg.algo.max_filter_rounds,
+            max_rounds_key="algo.max_filter_rounds",
+            group_size_key="rollout.group_size",
         )
         while True:
             samples = [self.cfg.data.sample(self.cursor + i) for i in range(n - sampler.num_kept)]

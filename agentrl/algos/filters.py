@@ -58,6 +58,10 @@ class DynamicSampler(Generic[T]):
     """Number of items (usually groups) a training batch needs."""
     max_rounds: int = 0
     """Raise after this many rounds without filling the batch; 0 means no limit."""
+    max_rounds_key: str = "max_rounds"
+    """The config key that sets ``max_rounds``, named in the error (e.g. algo.max_filter_rounds)."""
+    group_size_key: str = "the group size"
+    """The config key of the group size, named in the error (e.g. rollout.group_size)."""
     keep_overflow: bool = False
     """Carry items beyond ``target`` to the next batch instead of dropping them."""
     rounds: int = field(default=0, init=False)
@@ -92,8 +96,9 @@ class DynamicSampler(Generic[T]):
         if self.max_rounds and self.rounds >= self.max_rounds and not self.full:
             raise TrainingError(
                 f"dynamic sampling kept {self.num_kept} of {self.target} items after {self.rounds} "
-                f"rounds ({self.seen} seen); most groups have identical rewards. Raise max_rounds, "
-                f"use a larger group size, or make the task easier/harder."
+                f"rounds ({self.seen} seen); most groups have identical rewards. Raise "
+                f"{self.max_rounds_key} (now {self.max_rounds}), raise {self.group_size_key}, "
+                "or make the task easier/harder."
             )
 
     def take(self) -> list[T]:

@@ -54,6 +54,7 @@ def init_ray_local(
         return
     # Quiet the autoscaler's "no node can fit ..." events: ResourcePool raises its own error.
     os.environ.setdefault("RAY_SCHEDULER_EVENTS", "0")
+    _quiet_token_auth_notice()
     with single_machine_mode():
         ray.init(
             _node_ip_address=LOOPBACK,
@@ -73,6 +74,19 @@ def init_ray_local(
             LOOPBACK,
         )
     logger.info("started local ray: %s", format_resources(ray.cluster_resources()))
+
+
+class _DropTokenAuthNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+def _quiet_token_auth_notice() -> None:
+    """Token authentication is on (Ray's default for a new local cluster, which we keep); drop
+    the warning Ray prints about it on every start. Other auth warnings still show."""
+    auth = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropTokenAuthNotice) for f in auth.filters):
+        auth.addFilter(_DropTokenAuthNotice())
 
 
 @contextmanager

@@ -83,10 +83,11 @@ def test_dynamic_sampler_overflow_and_round_limit() -> None:
     s.add([1, 2, 3], [True, True, True])
     assert s.take() == [1, 2]
     assert s.num_kept == 1
-    limited = DynamicSampler[int](target=5, max_rounds=2)
+    limited = DynamicSampler[int](target=5, max_rounds=2, max_rounds_key="algo.max_filter_rounds")
     limited.add([1], [False])
-    with pytest.raises(TrainingError, match="after 2 rounds"):
+    with pytest.raises(TrainingError, match="after 2 rounds") as exc:
         limited.add([2], [True])
+    assert "Raise algo.max_filter_rounds (now 2)" in str(exc.value)  # the key a user sets
     with pytest.raises(ConfigError, match="keep flags"):
         DynamicSampler[int](target=1).add([1, 2], [True])
 

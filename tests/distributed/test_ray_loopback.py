@@ -161,6 +161,8 @@ def test_every_ray_server_listens_on_loopback_only() -> None:
     # the single-machine switch is scoped to ray.init: nothing leaks into later processes
     assert report["env_after"] is None
     assert report["flag_after"] is True
+    # token auth stays on, without Ray's notice about it on every start
+    assert "Token authentication is enabled" not in proc.stderr, proc.stderr[-2000:]
 
 
 def test_listening_sockets_reads_a_real_listener() -> None:

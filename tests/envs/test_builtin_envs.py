@@ -181,3 +181,16 @@ def test_grid_world_moves_walls_and_loss() -> None:
         True,
         False,
     )
+
+
+def test_calculator_rejects_model_text_without_a_syntax_warning() -> None:
+    import warnings
+
+    from envs.countdown import evaluate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a SyntaxWarning would print on every run's stderr
+        for text in ("2and 3", "3if 1 else 2", "1_ + 2"):
+            with pytest.raises(ValueError, match="invalid expression"):
+                evaluate(text)
+    assert evaluate("(3 + 5) * 2") == 16

@@ -149,3 +149,14 @@ def test_row_advantages_train_exactly_like_token_level_ones(model_path: str) -> 
     w_row, w_dense = _weights(row), _weights(dense)
     for k in w_row:
         torch.testing.assert_close(w_row[k], w_dense[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_skipped_first_step_does_not_warn_about_the_scheduler(model_path: str) -> None:
+    import warnings
+
+    worker = _worker(model_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (m,) = worker.update_policy(_zero_advantages(_scored(worker)), PolicyUpdate())
+    assert m["train/skipped_step"] == 1.0
+    assert [w for w in caught if "lr_scheduler.step" in str(w.message)] == []

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import math
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -335,7 +336,11 @@ class TorchEngine(Engine):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         assert self._scheduler is not None
-        self._scheduler.step()
+        with warnings.catch_warnings():
+            # A skipped first update advances the schedule before any optimizer.step(), on
+            # purpose (see above); PyTorch would warn about that order on every such run.
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+            self._scheduler.step()
         self.step += 1
         return {"train/grad_norm": norm_value, "train/lr": lr, **skip_metrics(reason)}
 
