@@ -1,32 +1,32 @@
-"""Wall time of one RL step's rollout batch against one embedded server, per HTTP client library.
+"""Wall time of one RL step's rollout batch against one embedded server, per client transport.
 
-    python benchmarks/rollout_batch.py                      # 16 groups x 8, CPU server
-    python benchmarks/rollout_batch.py --device cuda --batches 5
+    python benchmarks/rollout_batch.py                      # 16 groups x 8, CPU server, 30 batches
+    python benchmarks/rollout_batch.py --device cuda --batches 30
 
 The batch is the GPU quickstart's (``recipes/quickstart_gpu.yaml``): ``--groups`` prompts of
 ``arith/Calculator-v0`` x ``--group-size`` tool-calling rollouts, up to 3 turns of 24 new
 tokens, all in flight at once through one ``InferenceClient`` (the path the driver uses). The
 server runs the tiny quickstart model in its own process.
 
-Each library gets one long-lived client (as a run's ``Fleet`` keeps one), one warm-up batch,
-then batches alternate between the libraries on the same server: ``httpx2`` (what agentrl uses) and, when it is installed, ``httpx`` 0.28 (the baseline:
-its httpcore 1.0.9 pool rescans every pooled connection for every queued request, a cost that
-grows with the square of the requests in flight). Printed per library: the median batch wall
-time, its range, and the mean time a trajectory spent waiting on the server (``llm_time``).
+Each transport (``InferenceClient.Config.transport``) gets one long-lived client (as a run's
+``Fleet`` keeps one) and one warm-up batch; then batches alternate between them on the same
+server: ``aiohttp`` (the default) and ``httpx2`` (the baseline, the client's transport before
+it). Per-batch times are bimodal (a batch whose requests land in fewer server steps is much
+faster), so the script times ``--batches`` (>= 30) of each and prints the median and the
+interquartile range, then every batch's time. The last line is JSON; its ratio is the
+baseline's median over ours.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
+import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-import agentrl.inference.client as client_module
 from agentrl.chat import ChatTemplate
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.launch import ServerProcess
@@ -34,14 +34,8 @@ from agentrl.rollout.collector import CollectorConfig, RolloutCollector
 from agentrl.tiny import make_tiny_model
 from agentrl.types import Sample
 
-
-def _libraries() -> dict[str, Any]:
-    libs = {"httpx2": importlib.import_module("httpx2")}
-    try:
-        libs["httpx"] = importlib.import_module("httpx")
-    except ImportError:
-        print("httpx is not installed: no baseline (pip install 'httpx==0.28.*' to add it)")
-    return libs
+OURS, BASELINE = "aiohttp", "httpx2"
+GOAL = 1.0  # ours no slower than the baseline
 
 
 async def _batch(
@@ -59,20 +53,18 @@ async def _batch(
 
 
 async def _run(
-    url: str, args: argparse.Namespace, template: ChatTemplate, libs: dict[str, Any]
+    url: str, args: argparse.Namespace, template: ChatTemplate
 ) -> dict[str, list[tuple[float, float]]]:
-    """One long-lived client per library (as a run's Fleet keeps one), batches alternating."""
-    clients = {}
-    for name, lib in libs.items():
-        client_module.httpx2 = lib  # the library the client is built on
-        clients[name] = InferenceClient([url])
-    client_module.httpx2 = libs["httpx2"]
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in libs}
+    """One long-lived client per transport (as a run's Fleet keeps one), batches alternating."""
+    clients = {name: InferenceClient([url], InferenceClient.Config(transport=name))
+               for name in (OURS, BASELINE)}  # fmt: skip
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
     try:
         for client in clients.values():
             await _batch(client, args, template, seed=0)  # warm-up
         for b in range(args.batches):
-            for name, client in clients.items():
+            order = list(clients.items()) if b % 2 == 0 else list(clients.items())[::-1]
+            for name, client in order:
                 results[name].append(await _batch(client, args, template, seed=b + 1))
     finally:
         for client in clients.values():
@@ -80,14 +72,22 @@ async def _run(
     return results
 
 
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--groups", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--batches", type=int, default=3, help="timed batches per library")
+    p.add_argument("--batches", type=int, default=30, help="timed batches per transport (>= 30)")
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
-    libs = _libraries()
+    if args.batches < 4:
+        p.error(
+            f"--batches must be >= 4 for quartiles (30 or more is the habit), got {args.batches}"
+        )
     model = make_tiny_model(Path(tempfile.mkdtemp(prefix="agentrl-bench-")) / "model",
                             arch="qwen2", hidden_size=128, num_layers=2, num_heads=4,
                             num_kv_heads=2)  # fmt: skip
@@ -96,20 +96,27 @@ def main() -> None:
     cfg = ServerProcess.Config(model=str(model), dtype=dtype, max_batch_size=256,
                                extra_args=["--device", args.device])  # fmt: skip
     with ServerProcess(cfg) as server:
-        results = asyncio.run(_run(server.url, args, template, libs))
+        results = asyncio.run(_run(server.url, args, template))
     n = args.groups * args.group_size
-    print(f"{n} tool-calling rollouts per batch, one embedded server on {args.device}")
-    print(f"{'client':8} {'batch wall (median)':>20} {'range':>14} {'llm_time/traj':>14}")
+    print(f"{n} tool-calling rollouts per batch, one embedded server on {args.device}, "
+          f"{args.batches} batches per transport")  # fmt: skip
+    print(f"{'transport':10} {'median':>8} {'IQR (q1-q3)':>14} {'range':>14} {'llm_time/traj':>14}")
+    stats = {}
     for name, rows in results.items():
         walls = [w for w, _ in rows]
+        q1, q2, q3 = stats[name] = _quartiles(walls)
         llm = statistics.mean(t for _, t in rows)
-        print(f"{name:8} {statistics.median(walls):19.2f}s {min(walls):6.2f}-{max(walls):.2f}s "
+        print(f"{name:10} {q2:7.2f}s {q1:6.2f}-{q3:.2f}s {min(walls):6.2f}-{max(walls):.2f}s "
               f"{llm:13.2f}s")  # fmt: skip
-    if "httpx" in results:
-        ratio = statistics.median(w for w, _ in results["httpx"]) / statistics.median(
-            w for w, _ in results["httpx2"]
-        )
-        print(f"httpx2 is {ratio:.1f}x faster per batch")
+    for name, rows in results.items():
+        print(f"{name} batches (s): " + " ".join(f"{w:.2f}" for w, _ in rows))
+    (b1, b2, b3), (o1, o2, o3) = stats[BASELINE], stats[OURS]
+    print(json.dumps({
+        "benchmark": f"rollout_batch: median wall of one {n}-rollout batch, {args.batches} "
+                     f"batches per transport, server on {args.device}",
+        "baseline": f"httpx2 transport {b2:.2f} s (IQR {b1:.2f}-{b3:.2f})",
+        "ours": f"aiohttp transport {o2:.2f} s (IQR {o1:.2f}-{o3:.2f})",
+        "ratio": round(b2 / o2, 2), "goal": f">= {GOAL:g}", "met": b2 / o2 >= GOAL}))  # fmt: skip
 
 
 if __name__ == "__main__":
