@@ -6,7 +6,9 @@
 
 A step's metrics go to every enabled backend: a rich table on the console (rank 0 only), one
 JSON object per line in ``<run_dir>/metrics.jsonl`` (the file tests and plots read back), and
-TensorBoard scalars in ``<run_dir>/tb``. ``progress()`` shows a rich progress bar for long work.
+TensorBoard scalars in ``<run_dir>/tb``. ``progress()`` shows a rich progress bar for long work
+on a terminal; when stderr is a file or a pipe (CI, ``nohup``, a cluster job) it logs a line
+every ``every`` steps instead, with the elapsed time and an ETA.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -223,10 +226,19 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def progress(description: str, total: int | None, *, enabled: bool = True) -> Iterator[Any]:
-    """A rich progress bar; yields a callable ``advance(n=1)``. A no-op when disabled."""
+def progress(
+    description: str, total: int | None, *, enabled: bool = True, every: int | None = None
+) -> Iterator[Any]:
+    """A progress bar; yields a callable ``advance(n=1)``. A no-op when disabled.
+
+    On a terminal it is a rich bar; otherwise a log line every ``every`` steps (default: a
+    tenth of ``total``), e.g. ``SFT warm-up: 40/200 (20%), 1m20s elapsed, ETA 5m20s``.
+    """
     if not enabled:
         yield lambda n=1: None
+        return
+    if not sys.stderr.isatty():
+        yield LogProgress(description, total, every=every)
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -239,3 +251,37 @@ def progress(description: str, total: int | None, *, enabled: bool = True) -> It
     ) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n=1: bar.advance(task, n)
+
+
+class LogProgress:
+    """``progress()`` for logs: a line every ``every`` steps (and at the end) with an ETA."""
+
+    def __init__(self, description: str, total: int | None, *, every: int | None = None) -> None:
+        self.description = description
+        self.total = total
+        self.every = every or (max(1, math.ceil(total / 10)) if total else 10)
+        self.done = 0
+        self._t0 = time.monotonic()
+
+    def __call__(self, n: int = 1) -> None:
+        before, self.done = self.done, self.done + n
+        if self.done // self.every > before // self.every or self.done == self.total:
+            logger.info("%s", self.line())
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self._t0
+        if not self.total:
+            return f"{self.description}: {self.done} done, {_duration(elapsed)} elapsed"
+        eta = elapsed / self.done * (self.total - self.done) if self.done else math.inf
+        return (
+            f"{self.description}: {self.done}/{self.total} ({100 * self.done // self.total}%), "
+            f"{_duration(elapsed)} elapsed, ETA {_duration(eta)}"
+        )
+
+
+def _duration(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    s = round(s)
+    h, rest = divmod(s, 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"

@@ -59,3 +59,20 @@ def test_timer_accumulates_and_resets() -> None:
 
 def test_mean_metrics_averages_over_present_keys() -> None:
     assert mean_metrics([{"a/x": 1.0, "a/y": 4.0}, {"a/x": 3.0}]) == {"a/x": 2.0, "a/y": 4.0}
+
+
+def test_progress_logs_lines_with_an_eta_when_stderr_is_not_a_terminal(caplog, monkeypatch) -> None:
+    import io
+    import logging
+    import sys
+
+    from agentrl.logging import progress
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file, not a terminal
+    with caplog.at_level(logging.INFO, logger="agentrl.logging"), progress("SFT", 20) as advance:
+        for _ in range(20):
+            advance()
+    lines = [r.getMessage() for r in caplog.records if r.name == "agentrl.logging"]
+    assert len(lines) == 10  # every 2 steps (a tenth), the last one included
+    assert lines[0].startswith("SFT: 2/20 (10%), ") and "ETA " in lines[0]
+    assert lines[-1].startswith("SFT: 20/20 (100%)") and lines[-1].endswith("ETA 0m00s")
