@@ -26,6 +26,74 @@ from agentrl.sandbox import OutputCap, SandboxProcess
 
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="agentrl-docker")
 
+# Inside the container, every exec and every long-lived process runs under this reaper: a
+# child subreaper (PR_SET_CHILD_SUBREAPER), so what its command leaves behind (double forks,
+# `setsid`, `env -i`) is re-parented to it, not to the container's init; when the command
+# exits it SIGKILLs whatever is left, round after round, then exits with the command's status.
+# Images without python3 run the command bare (the host-side clean-up still applies).
+_REAPER = r"""
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    except OSError as e:
+        os.write(2, ("%s: %s\n" % (sys.argv[1], e.strerror)).encode())
+        os._exit(127 if isinstance(e, FileNotFoundError) else 126)
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, lambda n, f: os.kill(pid, n))
+code = 1
+while True:
+    try:
+        p, status = os.wait()
+    except ChildProcessError:
+        break
+    except InterruptedError:
+        continue
+    if p == pid:
+        code = os.waitstatus_to_exitcode(status)
+        break
+me = os.getpid()
+for _ in range(1000):
+    kids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d, "rb") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            if int(st[st.rindex(b")") + 2:].split()[1]) == me:
+                kids.append(int(d))
+    if not kids:
+        break
+    for k in kids:
+        try:
+            os.kill(k, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+sys.exit(128 - code if code < 0 else code)
+"""
+_WITH_REAPER = (
+    "if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "
+    '\'import os; exec(os.environ.pop("AGENTRL_REAPER"))\' "$@"; fi; '
+    'unset AGENTRL_REAPER; exec "$@"'
+)
+REAPER_ENV = {"AGENTRL_REAPER": _REAPER}
+"""Goes into the exec's environment (the reaper removes it before running the command)."""
+
+
+def reaped(argv: list[str]) -> list[str]:
+    """``argv`` run under the subreaper (see ``_REAPER``) inside the container; the exec's
+    environment must hold ``REAPER_ENV``."""
+    return ["/bin/sh", "-c", _WITH_REAPER, "sh", *argv]
+
 
 def raw_socket(sock: Any) -> socket.socket:
     return getattr(sock, "_sock", sock)  # the SDK wraps unix sockets in a SocketIO
@@ -101,19 +169,78 @@ async def in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await loop.run_in_executor(_POOL, lambda: fn(*args, **kwargs))
 
 
-def kill_exec_tree(api: Any, exec_id: str, *, keep_root: bool = False) -> None:
-    """SIGKILL the exec's process and its descendants on the host (the daemon is local)."""
+def kill_exec_tree(api: Any, exec_id: str, *, keep_main: bool = False, rounds: int = 20) -> None:
+    """SIGKILL the exec's process and its descendants on the host (the daemon is local).
+
+    ``keep_main``: keep the exec's reaper and its command (the oldest child: the shell of a
+    session), kill everything else under them. Repeats while new descendants appear (a fork
+    bomb forks between a listing and the kills), at most ``rounds`` times."""
     try:
-        pid = api.exec_inspect(exec_id).get("Pid") or 0
-        if pid <= 0:
-            return
+        info = api.exec_inspect(exec_id)
+        pid = info.get("Pid") or 0
+        if pid <= 0 or not in_container(pid, info.get("ContainerID", "")):
+            return  # gone, or the daemon is on another machine
         root = psutil.Process(pid)
-        victims = root.children(recursive=True) + ([] if keep_root else [root])
+        under_reaper = root.cmdline()[1:4] == ["-I", "-S", "-c"]
     except Exception:  # the exec is gone already
         return
-    for p in victims:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
+    for _ in range(rounds):
+        try:
+            kids = root.children()
+            keep = {root.pid}
+            if keep_main and under_reaper and kids:
+                keep.add(min(kids, key=_started).pid)
+            victims = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        victims = [p for p in victims if p.pid not in keep]
+        if not victims:
+            return
+        for p in victims:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def _started(p: psutil.Process) -> float:
+    try:
+        return float(p.create_time())
+    except psutil.Error:
+        return float("inf")
+
+
+def in_container(pid: int, container_id: str) -> bool:
+    """Whether host pid ``pid`` is a process of that container (not the case, or a random
+    process, when the daemon runs on another machine)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return bool(container_id) and container_id in f.read()
+    except OSError:
+        return False
+
+
+def kill_orphans(init_pid: int, keep: set[int], container_id: str) -> int:
+    """SIGKILL children of the container's init other than ``keep`` (its main process): every
+    exec and session runs under a reaper, so these are what a killed reaper left behind."""
+    n = 0
+    if not in_container(init_pid, container_id):
+        return 0
+    try:
+        orphans = [p for p in psutil.Process(init_pid).children() if p.pid not in keep]
+    except psutil.Error:
+        return 0
+    for p in orphans:
+        for q in [p, *_safe_children(p)]:
+            with contextlib.suppress(psutil.Error):
+                q.kill()
+                n += 1
+    return n
+
+
+def _safe_children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return list(p.children(recursive=True))
+    except psutil.Error:
+        return []
 
 
 class DockerProcess(SandboxProcess):
@@ -158,7 +285,7 @@ class DockerProcess(SandboxProcess):
         return chunk
 
     async def interrupt(self) -> None:
-        await in_thread(kill_exec_tree, self._api, self._exec_id, keep_root=True)
+        await in_thread(kill_exec_tree, self._api, self._exec_id, keep_main=True)
 
     async def kill(self) -> None:
         if self._killed:

@@ -26,14 +26,27 @@ import dataclasses
 import logging
 import os
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Self
 
+import psutil
+
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
-from sandboxes._docker_exec import DockerProcess, in_thread, kill_exec_tree, raw_socket, run_exec
+from sandboxes._docker_exec import (
+    REAPER_ENV,
+    DockerProcess,
+    in_container,
+    in_thread,
+    kill_exec_tree,
+    kill_orphans,
+    raw_socket,
+    reaped,
+    run_exec,
+)
 from sandboxes._files import ExecFileOps
 from sandboxes._host import MARKER, copy_tree, kill_marked, root_dir
 
@@ -104,6 +117,7 @@ class DockerSandbox(ExecFileOps):
         self._serial = 0
         self._procs: set[DockerProcess] = set()
         self._closed = False
+        self._init = _init_pids(container)  # (init, main process) host pids, local daemon only
 
     @classmethod
     async def create(cls, config: object, *, name: str | None = None) -> Self:
@@ -123,6 +137,7 @@ class DockerSandbox(ExecFileOps):
             if uid is not None:
                 os.chown(home / "ws", uid, uid)
             container = await in_thread(_run_container, client, config, name, home / "ws")
+            await in_thread(container.reload)  # State.Pid: the init's host pid
         except BaseException:
             shutil.rmtree(home, ignore_errors=True)
             with contextlib.suppress(Exception):
@@ -161,7 +176,7 @@ class DockerSandbox(ExecFileOps):
         out = stdout_file or OutputCap(self.config.max_output_bytes)
         err = OutputCap(self.config.max_output_bytes)
         token = self._token()
-        wrapped = ["timeout", "--kill-after=2", f"{timeout:.3f}", *argv]
+        wrapped = reaped(["timeout", "--kill-after=2", f"{timeout:.3f}", *argv])
         started: concurrent.futures.Future[str] = concurrent.futures.Future()
         oom_before = self._oom_kills()
         start = loop.time()
@@ -196,6 +211,8 @@ class DockerSandbox(ExecFileOps):
         if started.done() and not task.done():
             await in_thread(kill_exec_tree, self.client.api, started.result())
         await in_thread(kill_marked, token, exact=True)
+        if self._init is not None:  # orphans of a reaper the command killed
+            await in_thread(kill_orphans, self._init[0], {self._init[1]}, self.container.id)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10.0):
                 await task
@@ -207,7 +224,7 @@ class DockerSandbox(ExecFileOps):
     def _env(self, env: Mapping[str, str] | None, token: str) -> dict[str, str]:
         base = {"PATH": _PATH, "HOME": self.workdir, "LANG": "C.UTF-8", "TERM": "dumb",
                 "TMPDIR": "/tmp", MARKER: token}  # fmt: skip
-        return {**base, **self.config.env, **(env or {})}
+        return {**base, **self.config.env, **(env or {}), **REAPER_ENV}
 
     def _oom_kills(self) -> int:
         path = Path(f"/sys/fs/cgroup/memory/docker/{self.container.id}/memory.oom_control")
@@ -227,7 +244,7 @@ class DockerSandbox(ExecFileOps):
             raise SandboxError(f"sandbox {self.name} is closed")
         api = self.client.api
         exec_id = (await in_thread(
-            api.exec_create, self.container.id, argv, stdin=True, user=self.config.user,
+            api.exec_create, self.container.id, reaped(argv), stdin=True, user=self.config.user,
             workdir=self.resolve(cwd or self.workdir), environment=self._env(env, self._token()),
         ))["Id"]  # fmt: skip
         sock = raw_socket(await in_thread(api.exec_start, exec_id, socket=True))
@@ -292,6 +309,21 @@ class DockerSandbox(ExecFileOps):
         for d in dirs:
             await asyncio.to_thread(shutil.rmtree, d, True)
         return SweepReport(containers=len(victims), dirs=len(dirs))
+
+
+def _init_pids(container: Any) -> tuple[int, int] | None:
+    """Host pids of the container's init and of its main process (the oldest child), when
+    the daemon runs on this machine; None otherwise."""
+    init = int(container.attrs.get("State", {}).get("Pid") or 0)
+    if init <= 0 or not in_container(init, container.id):
+        return None
+    for _ in range(200):
+        with contextlib.suppress(psutil.Error):
+            kids = psutil.Process(init).children()
+            if kids:
+                return init, min(kids, key=lambda p: p.create_time()).pid
+        time.sleep(0.005)
+    return None
 
 
 def _uid(user: str) -> int | None:

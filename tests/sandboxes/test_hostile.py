@@ -219,3 +219,21 @@ async def test_commands_cannot_reach_the_exec_agents_pipes(make: MakeSandbox) ->
     if pid_before is not None:  # the same agent still serves the sandbox
         assert agent is not None and agent.agent is not None
         assert agent.agent.cmd.proc.pid == pid_before
+
+
+PROCS = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done"
+
+
+async def test_no_background_process_reaches_the_next_exec(make: MakeSandbox) -> None:
+    """Double forks, new sessions, a cleared environment (no marker to find it by) and a
+    killed parent chain: nothing started by one exec is alive in the next."""
+    sb = await make()
+    r = await sb.exec(
+        "(setsid sleep 1000 &); env -i sleep 1001 & (env -i setsid sleep 1002 &); "
+        "grand=$(cut -d' ' -f4 /proc/$PPID/stat); echo started; kill -9 $grand $PPID",
+        timeout_s=10,
+    )
+    assert "started" in r.stdout
+    listing = (await sb.exec(PROCS, timeout_s=10)).stdout
+    assert "sleep 100" not in listing, listing
+    assert marked_processes(sb.name) == []

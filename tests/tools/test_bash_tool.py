@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import psutil
 import pytest
 
 from agentrl.sandbox import Sandbox
@@ -100,3 +101,20 @@ async def test_cancelled_call_does_not_leak_into_the_next(sandbox: Sandbox) -> N
         await task
     out = await run(sandbox, "sleep 2.5; echo fresh")
     assert out == "fresh\n"
+
+
+async def test_daemons_of_a_session_live_until_close_and_no_longer(sandbox: Sandbox) -> None:
+    await run(sandbox, "(setsid sleep 9137 &); (env -i setsid sleep 9138 &); echo ok")
+    listing = ""
+    for _ in range(50):  # forked at once, maybe not exec'd `sleep` yet on a loaded machine
+        listing = await run(sandbox, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+        if "sleep 9137" in listing and "sleep 9138" in listing:
+            break
+        await asyncio.sleep(0.1)
+    assert "sleep 9137" in listing and "sleep 9138" in listing
+    # the fixture closes the sandbox; the env -i daemon carries no marker, so look for it too
+    sleeps = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "9138"]]
+    assert sleeps
+    await sandbox.close()
+    _, alive = psutil.wait_procs(sleeps, timeout=10)
+    assert alive == []
