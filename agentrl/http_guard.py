@@ -7,8 +7,8 @@
             -> Authorization: Bearer <token> (constant-time)      -> 401, body never read
             -> authorize(scope) (e.g. per-session tokens)         -> 403, body never read
             -> Content-Length over the route's cap                -> 413, body never read
-            -> the app, whose receive() counts body bytes         -> 413 past the cap
-               (chunked bodies, bodies without a Content-Length)
+            -> the app; a body without a Content-Length (chunked) -> 413 once past the cap
+               is counted as the app receives it (HTTP framing ends the others at their length)
 
 Why a pure ASGI middleware and not a FastAPI dependency: FastAPI reads and parses a route's
 body before it runs the route's dependencies, so a bearer check written as one let anyone who
@@ -33,6 +33,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -108,7 +109,8 @@ class HttpGuard:
         max_body_bytes: int = 16 << 20
         """Largest request body on routes without a cap of their own; larger ones get 413."""
         route_caps: dict[str, int] = field(default_factory=dict)
-        """Caps by path pattern (``fnmatch``: ``/sandboxes/*/upload``); the first match wins."""
+        """Caps by path (``/update_weights_from_tensor``) or ``fnmatch`` pattern
+        (``/sandboxes/*/upload``): an exact path first, else the first matching pattern."""
         public_paths: tuple[str, ...] = ("/health",)
         """Paths served without the bearer token (health checks)."""
         cap_hint: str = "raise the server's body cap"
@@ -121,30 +123,38 @@ class HttpGuard:
         self.config = config or HttpGuard.Config()
         self.authorize = authorize
         self._expected = f"Bearer {self.config.token}".encode()
+        self._exact: dict[str, int] = {}  # route caps without wildcards, looked up first
+        self._patterns: list[tuple[re.Pattern[str], int]] = []
         for pattern, cap in [("*", self.config.max_body_bytes), *self.config.route_caps.items()]:
             if cap < 0:
                 raise ValueError(f"body cap of {pattern!r} must be >= 0 bytes, got {cap}")
+        for pattern, cap in self.config.route_caps.items():
+            if any(c in pattern for c in "*?["):
+                self._patterns.append((re.compile(fnmatch.translate(pattern)), cap))
+            else:
+                self._exact.setdefault(pattern, cap)
 
     def cap_for(self, path: str) -> int:
-        for pattern, cap in self.config.route_caps.items():
-            if fnmatch.fnmatchcase(path, pattern):
+        """The body cap of ``path``: its exact entry, else the first matching pattern's."""
+        cap = self._exact.get(path)
+        if cap is not None:
+            return cap
+        for pattern, cap in self._patterns:
+            if pattern.match(path):
                 return cap
         return self.config.max_body_bytes
 
-    def check(self, scope: Scope) -> Refusal | None:
+    def judge(
+        self, scope: Scope, authorization: bytes | None, length: bytes | None, cap: int
+    ) -> Refusal | None:
         """The refusal of a request, judged on its head alone (None: let it through)."""
-        path: str = scope["path"]
-        if path in self.config.public_paths:
+        if scope["path"] in self.config.public_paths:
             return None
-        if self.config.token and not hmac.compare_digest(
-            header(scope, b"authorization") or b"", self._expected
-        ):
+        if self.config.token and not hmac.compare_digest(authorization or b"", self._expected):
             return Refusal(401, "unauthorized", "missing or wrong bearer token: send "
                            "'Authorization: Bearer <token>' with the server's token")  # fmt: skip
         if self.authorize is not None and (refusal := self.authorize(scope)) is not None:
             return refusal
-        length = header(scope, b"content-length")
-        cap = self.cap_for(path)
         if length is not None:
             if not length.strip().isdigit():
                 return Refusal(400, "bad_request", f"Content-Length {length!r} is not a number")
@@ -162,11 +172,27 @@ class HttpGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self.check(scope)
+        authorization = length = None
+        chunked = False
+        for name, value in scope["headers"]:  # one pass over the head
+            if name == b"authorization" and authorization is None:
+                authorization = value
+            elif name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        cap = self.cap_for(scope["path"])
+        refusal = self.judge(scope, authorization, length, cap)
         if refusal is not None:
             await _answer(send, refusal)
             return
-        cap = self.cap_for(scope["path"])
+        if length is not None and not chunked:  # HTTP framing stops the body at its length
+            await self.app(scope, receive, send)
+            return
+        await self._counted(scope, receive, send, cap)
+
+    async def _counted(self, scope: Scope, receive: Receive, send: Send, cap: int) -> None:
+        """Run the app on a body without a Content-Length, answering 413 once it passes ``cap``."""
         received = 0
         over = False
         started = False  # the app started its response
