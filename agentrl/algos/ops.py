@@ -120,9 +120,18 @@ def discounted_reverse_cumsum(
     flat_out = out.view(b * n, block) if out is not None else None
     local = torch.mm(x.reshape(b * n, block), _discount_matrix(block, discount, x), out=flat_out)
     local = local.view(b, n, block)
-    # y at the start of block j = local[j, 0] + discount^block * y at the start of block j + 1
-    starts = discounted_reverse_cumsum(local[:, :, 0].contiguous(), discount**block, block=block)
-    next_starts = F.pad(starts[:, 1:], (0, 1))  # (B, n)
+    # y at the start of block j = total of block j + discount^block * y at the start of block j + 1
+    if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        # block totals and the recursion over them in float64, so the rounding errors of the
+        # blocks do not add up along the row: each y_t is one block's float32 sum plus one carry
+        powers = torch.tensor(discount, dtype=torch.float64, device=x.device) ** torch.arange(
+            block, dtype=torch.float64, device=x.device
+        )
+        totals = (x.reshape(b * n, block).double() @ powers).view(b, n)
+    else:
+        totals = local[:, :, 0]
+    starts = discounted_reverse_cumsum(totals.contiguous(), discount**block, block=block)
+    next_starts = F.pad(starts[:, 1:], (0, 1)).to(x.dtype)  # (B, n)
     offsets = torch.arange(block, dtype=torch.float64, device=x.device)
     decay = (discount ** (block - offsets)).to(x.dtype)  # (block,)
     return local.addcmul_(next_starts[:, :, None], decay).view(b, t)
