@@ -4,10 +4,8 @@ without a Content-Length, and weight sync over HTTP still works (its route has i
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx2
 import pytest
@@ -20,6 +18,7 @@ from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import SamplingParams
 from agentrl.inference.weight_sync import HTTPTensorWeightSync
 from agentrl.inference.weights import checksum_named_tensors
+from tests.toolserver.test_http_guard import raw_head
 
 KEY = "inference-key-0123456789"
 PROMPT = [5, 6, 7, 8, 9]
@@ -35,20 +34,6 @@ def keyed(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                                extra_args=args)  # fmt: skip
     with ServerProcess(cfg) as proc:
         yield proc
-
-
-def raw_head(url: str, head: str) -> tuple[int, bytes]:
-    """Send only a request's head (its body never follows) and read the answer."""
-    parts = urlsplit(url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=30) as s:
-        s.sendall(head.replace("\n", "\r\n").encode() + b"\r\n")
-        data = b""
-        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
-            more = s.recv(65536)
-            if not more:
-                break
-            data += more
-    return int(data.split()[1]), data.split(b"\r\n\r\n", 1)[1]
 
 
 async def chunks(n_mb: int) -> AsyncIterator[bytes]:

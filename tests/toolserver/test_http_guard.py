@@ -5,10 +5,12 @@ caps answer 413 with and without a Content-Length, and per-session tokens answer
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx2
 import pytest
@@ -45,6 +47,20 @@ async def ajson_body(size_mb: int) -> AsyncIterator[bytes]:
 
 def body_size(size_mb: int) -> int:
     return len(PREFIX) + size_mb * MB + len(SUFFIX)
+
+
+def raw_head(url: str, head: str) -> tuple[int, bytes]:
+    """Send only a request's head (its body never follows) and read the answer."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as s:
+        s.sendall(head.replace("\n", "\r\n").encode() + b"\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            more = s.recv(65536)
+            if not more:
+                break
+            data += more
+    return int(data.split()[1]), data.split(b"\r\n\r\n", 1)[1]
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -193,23 +209,34 @@ def capped_sandbox_server(needs_local: None, sandbox_root: str) -> Iterator[str]
 
 async def test_sandbox_server_tokens_and_caps(capped_sandbox_server: str, tmp_path: Path) -> None:
     from agentrl.sandbox import make_sandbox
+    from sandboxes.remote import RemoteSandbox
 
     url = capped_sandbox_server
     sb = await make_sandbox("remote", url=url, token=TOKEN)  # carries its token transparently
     other = await make_sandbox("remote", url=url, token=TOKEN)
+    assert isinstance(sb, RemoteSandbox) and isinstance(other, RemoteSandbox)
     try:
         assert (await sb.exec("echo hi")).stdout == "hi\n"
         body = {"cmd": "echo pwned", "request_id": ""}
         async with httpx2.AsyncClient(base_url=url, headers=AUTH, timeout=60) as c:
-            for headers in ({}, other._headers):  # type: ignore[attr-defined]
-                r = await c.post(f"/sandboxes/{sb.id}/exec", json=body, headers=headers)  # type: ignore[attr-defined]
+            for headers in ({}, other._headers):
+                r = await c.post(f"/sandboxes/{sb.id}/exec", json=body, headers=headers)
                 assert r.status_code == 403 and r.json()["error"]["type"] == "wrong_sandbox_token"
             # a name in use is not handed out, even to a create without a request id
             r = await c.post("/sandboxes", json={"name": sb.name})
             assert r.status_code == 409
-            # bodies: 1 MiB on most routes, 4 MiB on uploads, with or without a Content-Length
-            path = f"/sandboxes/{sb.id}/write_file"  # type: ignore[attr-defined]
-            own = sb._headers  # type: ignore[attr-defined]
+            # bodies: 1 MiB on most routes, 4 MiB on uploads, with or without a Content-Length;
+            # a head announcing a body too large is answered before any of the body is sent
+            head = f"POST /sandboxes/{sb.id}/upload?path=x HTTP/1.1\nHost: x\n"
+            status, answer = raw_head(url, head + f"Content-Length: {1 << 30}\n")
+            assert status == 401
+            auth = (
+                f"Authorization: Bearer {TOKEN}\n{SESSION_HEADER}: {sb._headers[SESSION_HEADER]}\n"
+            )
+            status, answer = raw_head(url, head + auth + f"Content-Length: {1 << 30}\n")
+            assert status == 413 and b"at most 4 MiB" in answer and b"--max-upload-mb" in answer
+            path = f"/sandboxes/{sb.id}/write_file"
+            own = sb._headers
             r = await c.post(path, content=ajson_body(2), headers=own)
             assert r.status_code == 413 and "at most 1 MiB" in r.json()["error"]["message"]
         (tmp_path / "small").write_bytes(b"x" * (2 * MB))
