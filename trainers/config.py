@@ -252,7 +252,7 @@ class InferenceConfig:
     max_batch_size: int = 64
     """Requests a server decodes together."""
     num_threads: int = 0
-    """torch threads per server (0: torch's default; embedded only)."""
+    """torch threads per server (0: one less than the CPU count on CPU, 2 on CUDA; embedded only)."""
     startup_timeout_s: float = 180.0
     verify_weights: bool = True
     """After each sync, compare the servers' weight checksums with the trainer's."""

@@ -5,7 +5,8 @@
     step:   collect groups (seeded, streaming) -> [remax: greedy baselines] -> TrainBatch
             -> [overlong penalty / filter] -> old/ref logprobs, values, [rollout IS weights]
             -> rewards (+KL) -> advantages -> critic + policy update -> [adaptive KL coef]
-            -> weight sync (version+1) -> metrics -> checkpoint every N
+            -> weight sync (inference.weight_sync: ipc by default, version+1) -> metrics
+            -> checkpoint every N
     end:    eval -> export HF -> reward curve PNG + summary.json
 
 Features are steps of ``Trainer.step`` (KL, critic, group filtering, overlong handling, rollout
@@ -335,7 +336,9 @@ class Trainer:
         )
 
     def sync_weights(self, version: int) -> None:
-        """Actor weights -> every server over HTTP, tagged ``version``, checksum-verified."""
+        """Actor weights -> every server by ``inference.weight_sync`` (the embedded server's
+        default is ipc: shared memory on this machine; ``tensors`` goes over HTTP), tagged
+        ``version``, checksum-verified."""
         assert self.fleet is not None
         named = self.actor.named_weights()
         self.fleet.sync(named, version, verify=self.cfg.inference.verify_weights)

@@ -35,7 +35,9 @@ def serve(
     seed: Annotated[int, typer.Option(help="Seed for requests without their own seed.")] = 0,
     backend: Annotated[str, typer.Option(help="embedded | sglang | vllm.")] = "embedded",
     device: Annotated[str, typer.Option(help="torch device for the embedded backend.")] = "cpu",
-    num_threads: Annotated[int, typer.Option(help="torch threads; 0 = torch default.")] = 0,
+    num_threads: Annotated[
+        int, typer.Option(help="torch threads; 0 = one less than the CPU count on CPU, 2 on CUDA.")
+    ] = 0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",
     python: Annotated[
         str, typer.Option(help="Interpreter with vllm/sglang installed (their backends).")
