@@ -145,7 +145,9 @@ def _print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> No
         from rich.table import Table
 
         table = Table(*header)
-        table.columns[0].no_wrap = True  # ids are what users copy; never cut them
+        first = table.columns[0]  # ids are what users copy: never cut or wrap them
+        first.no_wrap = True
+        first.min_width = max((len(r[0]) for r in rows), default=0)
         for row in rows:
             table.add_row(*row)
         Console().print(table)
