@@ -225,6 +225,12 @@ class Sandbox(ABC):
         except Exception:  # a health check reports; it does not fail
             return False
 
+    async def pids_in_use(self) -> tuple[int, int] | None:
+        """(processes and threads the sandbox holds now, its pids limit), or None when the
+        backend cannot tell. The bash tool reads it to notice a session that left the sandbox
+        unable to start processes (a fork bomb)."""
+        return None
+
     async def snapshot(self) -> Sandbox:
         """A new sandbox whose workspace is a copy of this one's (copy-on-write if possible)."""
         raise SandboxError(f"the {self.kind!r} sandbox backend does not support snapshot()")

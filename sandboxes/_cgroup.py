@@ -109,6 +109,10 @@ class SandboxCgroup:
             _write(pids / "pids.max", str(pids_max))
         return cg
 
+    def pids(self) -> tuple[int, int] | None:
+        """(pids.current, pids.max) of the sandbox group; None if unreadable or unlimited."""
+        return read_pids(self.dirs[0] if self.v2 else self.dirs[1])
+
     def new_leaf(self) -> Leaf:
         self._next_leaf += 1
         leaf = Leaf([d / f"p{self._next_leaf}" for d in self.dirs])
@@ -145,6 +149,15 @@ class SandboxCgroup:
         await self.kill()
         for d in self.dirs:
             await remove_tree(d)
+
+
+def read_pids(d: Path) -> tuple[int, int] | None:
+    """(pids.current, pids.max) of cgroup dir ``d``; None if unreadable or unlimited."""
+    try:
+        cur, limit = (d / "pids.current").read_text().strip(), (d / "pids.max").read_text().strip()
+        return (int(cur), int(limit)) if limit.isdigit() else None
+    except (OSError, ValueError):
+        return None
 
 
 def pids_in(dirs: list[Path]) -> set[int]:

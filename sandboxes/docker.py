@@ -36,6 +36,7 @@ import psutil
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
+from sandboxes import _cgroup
 from sandboxes._docker_exec import (
     REAPER_ENV,
     DockerProcess,
@@ -251,6 +252,14 @@ class DockerSandbox(ExecFileOps):
         proc = DockerProcess(api, exec_id, sock)
         self._procs.add(proc)
         return proc
+
+    async def pids_in_use(self) -> tuple[int, int] | None:
+        """From the container's pids cgroup on this host (None with a remote daemon)."""
+        cid = self.container.id
+        for d in (f"pids/docker/{cid}", f"system.slice/docker-{cid}.scope", f"docker/{cid}"):
+            if (usage := _cgroup.read_pids(_cgroup.ROOT / d)) is not None:
+                return usage
+        return None
 
     async def snapshot(self) -> DockerSandbox:
         """A new sandbox whose workspace is a copy (``cp --reflink=auto``) of this one's.

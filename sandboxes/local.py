@@ -331,6 +331,9 @@ class LocalSandbox(ExecFileOps):
         self._procs.add(lp)
         return lp
 
+    async def pids_in_use(self) -> tuple[int, int] | None:
+        return self.cgroup.pids() if self.cgroup is not None else None
+
     async def snapshot(self) -> LocalSandbox:
         """A new sandbox whose workspace is a copy (``cp --reflink=auto``) of this one's.
 

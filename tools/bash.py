@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import re
 import uuid
 import weakref
@@ -31,6 +32,7 @@ from tools._state import MAX_OUTPUT_CHARS, clip, state_of
 
 MAX_TIMEOUT_S = 600.0
 INTERRUPT_GRACE_S = 3.0
+PIDS_WATCH_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,6 +41,7 @@ class BashOutput:
     exit_code: int | None  # None when the command did not finish
     timed_out: bool = False
     restarted: bool = False  # the shell was replaced: cwd and variables are back to defaults
+    note: str = ""  # what the session did on its own (e.g. recovered from the pids limit)
 
 
 class BashSession:
@@ -71,24 +74,66 @@ class BashSession:
 
     async def run(self, command: str, timeout_s: float = 120.0) -> BashOutput:
         async with self._lock:
-            nonce = uuid.uuid4().hex
-            b64 = base64.b64encode(command.encode()).decode()
-            line = (f"eval \"$(printf %s {b64} | base64 -d)\" </dev/null 2>&1; "
-                    f"printf '\\n__AGENTRL_DONE_{nonce}__%s\\n' \"$?\"\n")  # fmt: skip
-            restarted = await self._send(line.encode())
-            assert self._proc is not None
-            reader = _SentinelReader(self._proc, nonce, self.max_output_bytes)
-            try:
-                async with asyncio.timeout(timeout_s):
-                    code = await reader.read_until_sentinel()
-            except TimeoutError:
-                return await self._recover(reader, restarted)
-            except asyncio.CancelledError:  # the command may still run: never reuse this shell
-                await asyncio.shield(self.close())
-                raise
-            if code is None:  # the shell exited (e.g. `exit`); the next call starts a new one
-                await self._kill()
-            return BashOutput(output=reader.text(), exit_code=code, restarted=restarted)
+            pre = await self.sandbox.pids_in_use()
+            before = await self._recover_pids(pre)  # earlier leftovers filled the sandbox
+            if before:
+                pre = await self.sandbox.pids_in_use()
+            out = await self._run(command, timeout_s)
+            after = await self._recover_pids(await self._settled_pids(pre))
+            note = "\n".join(n for n in (before, after) if n)
+            return dataclasses.replace(out, note=note) if note else out
+
+    async def _settled_pids(self, pre: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The sandbox's pids after a call: if the call left processes and their number still
+        grows (a fork bomb fills 256 pids in ~0.35 s), watch until it stops or nears the
+        limit (50 ms polls, 2 s at most); a steady background job costs one poll."""
+        usage = await self.sandbox.pids_in_use()
+        if usage is None or pre is None:
+            return usage
+        deadline = asyncio.get_running_loop().time() + PIDS_WATCH_S
+        while usage[0] > pre[0] and not _near_limit(usage):
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+            now = await self.sandbox.pids_in_use()
+            if now is None or now[0] <= usage[0]:
+                break
+            usage = now
+        return usage
+
+    async def _recover_pids(self, usage: tuple[int, int] | None) -> str:
+        """If the sandbox is (nearly) out of pids, kill this session's processes and its shell
+        (the next command starts a new one) and say so; "" when nothing was wrong."""
+        if self._proc is None or usage is None or not _near_limit(usage):
+            return ""
+        await self.close()
+        left = ""
+        if _near_limit(await self.sandbox.pids_in_use()):
+            left = "; the sandbox is still at its limit: other commands hold the processes"
+        return (f"[the sandbox reached its process limit (pids_max={usage[1]}, {usage[0]} in "
+                "use: a fork bomb or runaway background jobs); every process of this shell was "
+                f"killed and the shell was restarted: working directory and variables were "
+                f"reset{left}]")  # fmt: skip
+
+    async def _run(self, command: str, timeout_s: float) -> BashOutput:
+        nonce = uuid.uuid4().hex
+        b64 = base64.b64encode(command.encode()).decode()
+        line = (f"eval \"$(printf %s {b64} | base64 -d)\" </dev/null 2>&1; "
+                f"printf '\\n__AGENTRL_DONE_{nonce}__%s\\n' \"$?\"\n")  # fmt: skip
+        restarted = await self._send(line.encode())
+        assert self._proc is not None
+        reader = _SentinelReader(self._proc, nonce, self.max_output_bytes)
+        try:
+            async with asyncio.timeout(timeout_s):
+                code = await reader.read_until_sentinel()
+        except TimeoutError:
+            return await self._recover(reader, restarted)
+        except asyncio.CancelledError:  # the command may still run: never reuse this shell
+            await asyncio.shield(self.close())
+            raise
+        if code is None:  # the shell exited (e.g. `exit`); the next call starts a new one
+            await self._kill()
+        return BashOutput(output=reader.text(), exit_code=code, restarted=restarted)
 
     async def _send(self, line: bytes) -> bool:
         """Write ``line`` to the shell, (re)starting it if needed; True if it was restarted."""
@@ -126,6 +171,10 @@ class BashSession:
                                   restarted=restarted)  # fmt: skip
         await self.close()
         return BashOutput(output=reader.text(), exit_code=None, timed_out=True, restarted=True)
+
+
+def _near_limit(usage: tuple[int, int] | None) -> bool:
+    return usage is not None and usage[0] >= usage[1] - max(2, usage[1] // 32)
 
 
 class _SentinelReader:
@@ -176,6 +225,8 @@ def format_bash(out: BashOutput, timeout_s: float) -> str:
         parts.append(f"[exit code {out.exit_code}]")
     if out.restarted:
         parts.append("[the shell was restarted: working directory and variables were reset]")
+    if out.note:
+        parts.append(out.note)
     return "\n".join(p for p in parts if p) or "[no output]"
 
 
