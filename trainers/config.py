@@ -36,7 +36,7 @@ from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError
 from agentrl.inference.supervisor import ServerSupervisor
 from agentrl.logging import MetricsLogger
-from agentrl.registry import load_entry_point
+from agentrl.registry import import_modules, load_entry_point
 from agentrl.reward import Rubric
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import Sample
@@ -194,18 +194,17 @@ class RewardConfig:
         funcs = []
         for i, e in enumerate(self.rubric):
             key = f"reward.rubric[{i}]"
-            try:
-                fn = load_entry_point(e.fn)
-            except ConfigError:
+            mod, _, attr = e.fn.partition(":")
+            if not (mod and attr):
                 raise ConfigError(
                     f"{key}.fn must look like 'package.module:function', got {e.fn!r}; "
                     "e.g. agentrl.reward:env_reward"
-                ) from None
-            except (ImportError, AttributeError) as exc:
-                raise ConfigError(
-                    f"{key}.fn={e.fn!r} cannot be imported ({type(exc).__name__}: {exc}); "
-                    "check the module is installed or on PYTHONPATH and the function's name"
-                ) from None
+                )
+            import_modules([mod], key=f"{key}.fn")  # the current directory first, like `modules`
+            try:
+                fn = load_entry_point(e.fn)
+            except AttributeError:
+                raise ConfigError(f"{key}.fn={e.fn!r}: module {mod!r} has no {attr!r}") from None
             if not callable(fn):
                 raise ConfigError(f"{key}.fn={e.fn!r} is a {type(fn).__name__}, not a function")
             if not math.isfinite(e.weight):
