@@ -14,7 +14,7 @@ every server the client routes to. Checksums cover the raw bytes in the serving 
 64-bit word sum at memory bandwidth that detects any single changed element; ``sha256``),
 against vLLM SHA-256 (what its ``/weight_checker`` computes). They are computed when
 ``verify`` needs them (or while a sync copies the bytes anyway: ``IPCWeightSync`` sums each
-piece right after copying it, while it is in cache), and only for tensors the server reports:
+tensor right after copying it, while it is in cache), and only for tensors the server reports:
 on vLLM's CPU backend the packed linear weights report an empty digest and are never hashed.
 The pushed tensors are therefore kept (references; cast copies when the dtype changes) until
 the next push; ``eager_checksums`` hashes during the push instead and keeps only the digests.
