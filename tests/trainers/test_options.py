@@ -10,6 +10,8 @@ the reference the others are compared with.
 from __future__ import annotations
 
 import json
+import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 from test_driver import RECIPE
 
+from agentrl.config import to_yaml
 from agentrl.errors import ConfigError
 from agentrl.logging import read_jsonl
 from agentrl.types import Trajectory
@@ -56,6 +59,7 @@ TINY = [
     RUBRIC,
 ]
 ENV = "data.envs=[{id: arith/Calculator-v0}]"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "training.md"
 
 
 def train(tmp_path: Path, name: str, *extra: str) -> list[dict[str, float]]:
@@ -142,6 +146,27 @@ def test_good_options_validate() -> None:
         ("env_reward", 1.0),
         ("varied_reward", 0.0),
     ]
+
+
+def test_training_guide_option_snippets_validate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every recipe fragment of the guide's "Algorithm options" loads, its Python module too."""
+    text = GUIDE.read_text().partition("## Algorithm options")[2].partition("\n## ")[0]
+    (module,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    fragments = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
+    assert len(fragments) == 5
+    (tmp_path / "my_rewards.py").write_text(module)
+    monkeypatch.chdir(tmp_path)  # rubric modules resolve from the current directory first
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
+    default = to_yaml(load_run_config(None, [ENV]))
+    for i, fragment in enumerate(fragments):
+        recipe = tmp_path / f"fragment{i}.yaml"
+        recipe.write_text(fragment)
+        assert to_yaml(load_run_config(recipe, [ENV])) != default  # unknown keys fail to load
+    rubric = load_run_config(tmp_path / "fragment0.yaml", [ENV]).reward.build_rubric()
+    assert rubric is not None and [e.weight for e in rubric.entries] == [1.0, 0.1, 0.0]
 
 
 # ------------------------------------------------------------------ one run per option
