@@ -416,7 +416,7 @@ class Trainer:
         if self.critic is not None:
             self.critic.load(str(path / "critic"))
         self.step_done, self.cursor = state.step, state.data_cursor
-        if "kl_coef" in state.extra:  # checkpoints from before the KL controller lack it
+        if self.cfg.algo.kl.controller == "adaptive":  # a fixed coef is the config's, as set now
             self.kl_ctl.value = float(state.extra["kl_coef"])
         self.sync_weights(state.weight_version)
         restore_rng(state.rng)
