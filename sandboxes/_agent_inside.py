@@ -35,6 +35,10 @@ CHUNK = 65536
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+SECCOMP = bytes.fromhex(os.environ.pop("AGENTRL_SECCOMP", ""))  # commands' filter, if any
 KILL_GRACE_S = 2.0
 _LIBC: list = []  # the C library (ctypes), loaded on first use
 
@@ -95,6 +99,20 @@ class Job:
         self.poll_exit = False  # no pidfd for A: check with waitpid each tick
 
 
+def install_seccomp(prog):
+    """no_new_privs, then the filter (``sandboxes/_seccomp.py``) for A and what it spawns."""
+    if libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    buf = ctypes.create_string_buffer(prog, len(prog))
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = Fprog(len(prog) // 8, ctypes.addressof(buf))
+    if libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
 def child(fds):
     """A, forked ahead of its command: pid namespace first, then (once the request arrives on
     fd 4) limits, cwd, and the command spawned in that namespace; report, wait, exit."""
@@ -126,6 +144,9 @@ def child(fds):
         os.chdir(req["cwd"])
         argv, env = req["argv"], req["env"]
         os.environ["PATH"] = env.get("PATH", os.environ.get("PATH", ""))  # posix_spawnp's lookup
+        if SECCOMP:
+            what = "install the syscall filter"
+            install_seccomp(SECCOMP)
         what, code = "run " + argv[0], 126
         try:
             pid = os.posix_spawnp(argv[0], argv, env, setsid=True, setsigmask=(),

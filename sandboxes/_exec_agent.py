@@ -47,6 +47,7 @@ START_TIMEOUT_S = 30.0
 REPLY_GRACE_S = 10.0  # how long past a command's timeout the agent may take to answer
 MAX_STDIN = 1 << 20  # larger stdin goes through a fresh chain, streamed
 _ERR_KEEP = 4096  # bytes of the agent's own stderr kept for error messages
+SECCOMP_ENV = "AGENTRL_SECCOMP"  # the agent's env: the filter (hex) it installs per command
 
 
 @functools.cache

@@ -51,6 +51,7 @@ class Chain:
         inner_env: dict[str, str],
         leaf: _cgroup.Leaf | None,
         agent: bool = False,
+        seccomp_fd: int | None = None,
     ) -> list[str]:
         """The full chain. ``agent``: the exec agent's (protected from the OOM killer, no CPU
         limit, room for many open files; it applies the command limits to each command)."""
@@ -69,7 +70,8 @@ class Chain:
                       "--"]  # fmt: skip
         if not self.bwrap:
             return [*chain, "/usr/bin/env", "-C", workdir, *argv]
-        return [*chain, *self._bwrap_args(workdir, inner_env), "--", *argv]
+        seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
+        return [*chain, *self._bwrap_args(workdir, inner_env), *seccomp, "--", *argv]
 
     def copy_argv(self, src: Path, dst: Path) -> list[str]:
         """``cp -a src/. dst/`` as the sandbox's uid, inside bubblewrap with only the read-only

@@ -45,8 +45,8 @@ from typing import IO, Any, Self
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
-from sandboxes import _cgroup
-from sandboxes._exec_agent import MAX_STDIN, AgentSlot, ExecAgent, agent_argv
+from sandboxes import _cgroup, _seccomp
+from sandboxes._exec_agent import MAX_STDIN, SECCOMP_ENV, AgentSlot, ExecAgent, agent_argv
 from sandboxes._files import ExecFileOps
 from sandboxes._host import (
     MARKER,
@@ -97,6 +97,13 @@ class LocalSandbox(ExecFileOps):
         use_bwrap: bool = True
         use_cgroups: bool = True
         cgroup_parent: str = "agentrl"
+        seccomp: bool = True
+        """Filter syscalls (``sandboxes/_seccomp.py``): EPERM for what Docker's default profile
+        blocks (ptrace, mount, keyrings, bpf, perf_event_open, new namespaces, ...), ENOSYS
+        for clone3, death for other ABIs. Needs bubblewrap."""
+        seccomp_allow: list[str] = field(default_factory=list)
+        """Blocked syscalls to allow anyway, e.g. ["ptrace"] for gdb or strace,
+        ["unshare", "clone-namespaces"] for tools that make namespaces."""
         exec_agent: bool = True
         """Start commands from a resident agent inside the sandbox (a few ms each) instead of a
         fresh isolation chain each (~30 ms); needs bubblewrap, cgroups and python3 in
@@ -116,6 +123,7 @@ class LocalSandbox(ExecFileOps):
         self._serial = 0
         self._closed = False
         self._isolation = Chain(config=config, home=home, uid=uid, bwrap=bwrap)
+        self._seccomp = _seccomp.program(config.seccomp_allow) if bwrap and config.seccomp else None
         use_agent = config.exec_agent and bwrap and cg is not None
         self._agent = AgentSlot(name, self._start_agent, cg, enabled=use_agent)
 
@@ -127,6 +135,10 @@ class LocalSandbox(ExecFileOps):
                 f"LocalSandbox expects LocalSandbox.Config, got {type(config).__name__}"
             )
         name = name or new_name()
+        unknown = sorted(set(config.seccomp_allow) - set(_seccomp.BLOCKABLE))
+        if unknown:
+            raise ConfigError(f"seccomp_allow names {unknown}, which the filter does not block; "
+                              f"it blocks {_seccomp.BLOCKABLE}")  # fmt: skip
         uid = config.uid if os.geteuid() == 0 and config.uid >= 0 else None
         bwrap = (
             config.use_bwrap
@@ -225,8 +237,11 @@ class LocalSandbox(ExecFileOps):
     async def _start_agent(self) -> ExecAgent:
         assert self.cgroup is not None
         leaf = self.cgroup.new_leaf()
+        inner = {"PATH": _PATH, "LANG": "C.UTF-8"}
+        if self._seccomp is not None:  # the agent installs it in each command's process
+            inner[SECCOMP_ENV] = self._seccomp.hex()
         chain = self._isolation.argv(agent_argv(), workdir="/workspace", leaf=leaf, agent=True,
-                                     inner_env={"PATH": _PATH, "LANG": "C.UTF-8"})  # fmt: skip
+                                     inner_env=inner)  # fmt: skip
         try:
             return await ExecAgent.start(chain, {"PATH": _PATH}, self.cgroup, leaf,
                                          f"{self.name}/agent")  # fmt: skip
@@ -302,15 +317,24 @@ class LocalSandbox(ExecFileOps):
         self._serial += 1
         token = f"{self.name}/{self._serial}"
         leaf = self.cgroup.new_leaf() if self.cgroup else None
+        fd = None
+        if self._seccomp is not None:  # bwrap --seccomp FD reads the program from a memfd
+            fd = os.memfd_create("agentrl-seccomp", 0)  # not CLOEXEC: the chain inherits it
+            os.write(fd, self._seccomp)
+            os.lseek(fd, 0, os.SEEK_SET)
         chain = self._isolation.argv(argv, workdir=self.resolve(cwd or self.workdir), leaf=leaf,
-                                     inner_env=self._inner_env(env, token))  # fmt: skip
+                                     inner_env=self._inner_env(env, token), seccomp_fd=fd)  # fmt: skip
         outer_env = {"PATH": _PATH, MARKER: token} if self.bwrap else self._inner_env(env, token)
         try:
-            return await Command.start(chain, outer_env, leaf, token, **pipes)
+            return await Command.start(chain, outer_env, leaf, token,
+                                       pass_fds=() if fd is None else (fd,), **pipes)  # fmt: skip
         except BaseException:
             if self.cgroup and leaf:
                 await self.cgroup.remove_leaf(leaf)
             raise
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def _inner_env(self, env: Mapping[str, str] | None, token: str) -> dict[str, str]:
         tmp = "/tmp" if self.bwrap else str(self.home / "tmp")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import SandboxError
-from tests.sandboxes.conftest import MakeSandbox, marked_processes, read_until
+from tests.sandboxes.conftest import MakeSandbox, local_ready, marked_processes, read_until
 
 
 async def test_host_secrets_are_hidden(make: MakeSandbox, tmp_path: Path) -> None:
@@ -237,3 +237,62 @@ async def test_no_background_process_reaches_the_next_exec(make: MakeSandbox) ->
     listing = (await sb.exec(PROCS, timeout_s=10)).stdout
     assert "sleep 100" not in listing, listing
     assert marked_processes(sb.name) == []
+
+
+SYSCALLS = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+NR = {"ptrace": (101, 0, 0, 0, 0), "unshare": (272, 0x10000000), "setns": (308, 0, 0),
+      "mount": (165, b"none", b"/tmp", b"tmpfs", 0, 0), "keyctl": (250, 0, 0, 0, 0, 0),
+      "add_key": (248, b"user", b"k", b"v", 1, 0xFFFFFFFD), "bpf": (321, 0, 0, 0),
+      "perf_event_open": (298, 0, 0, -1, -1, 0), "kexec_load": (246, 0, 0, 0, 0),
+      "userfaultfd": (323, 0), "clone3": (435, 0, 0), "clone_newuser": (56, 0x10000011, 0, 0, 0, 0)}
+for name in sys.argv[1:]:
+    nr, *args = NR[name]
+    r = libc.syscall(nr, *args)
+    if r == 0 and name.startswith("clone"):
+        os._exit(0)
+    print(name, r, ctypes.get_errno() if r < 0 else 0)
+"""
+DOCKER_BLOCKS = ["unshare", "setns", "mount", "keyctl", "add_key", "bpf", "perf_event_open",
+                 "kexec_load", "clone3", "clone_newuser"]  # fmt: skip
+
+
+async def test_dangerous_syscalls_are_refused(make: MakeSandbox, backend: str) -> None:
+    """What Docker's default seccomp profile refuses, the local backend's filter refuses too
+    (and ptrace, userfaultfd); clone3 is ENOSYS so that libc falls back to clone."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("the syscall numbers below are x86_64's")
+    sb = await make()
+    await sb.write_file("sc.py", SYSCALLS)
+    names = DOCKER_BLOCKS + (["ptrace", "userfaultfd"] if backend == "local" else [])
+    r = await sb.exec(["python3", "sc.py", *names], timeout_s=30)
+    got = {line.split()[0]: line.split()[1:] for line in r.stdout.splitlines()}
+    assert sorted(got) == sorted(names), r.stdout + r.stderr
+    for name, (ret, err) in got.items():
+        want = "38" if name == "clone3" else "1"  # ENOSYS, EPERM
+        assert (ret, err) == ("-1", want), f"{name}: returned {ret}, errno {err}"
+    r = await sb.exec("unshare -r true; echo rc=$?", timeout_s=30)  # no nested user namespace
+    assert "rc=0" not in r.stdout
+    r = await sb.exec("python3 -c 'import threading; t = threading.Thread(target=print, args=(7,)); t.start(); t.join()'",
+                      timeout_s=30)  # fmt: skip
+    assert r.stdout == "7\n"  # threads and fork still work (clone without namespace flags)
+
+
+@pytest.mark.parametrize("backend", ["local"])  # Docker's profile allows the i386 ABI
+@pytest.mark.skipif(os.uname().machine != "x86_64" or local_ready() is not None,
+                    reason="the local backend's filter, on x86_64")  # fmt: skip
+async def test_other_syscall_abis_are_killed(make: MakeSandbox) -> None:
+    """An i386 syscall (int 0x80) from a 64-bit process could dodge a filter written for
+    x86_64 numbers; the local filter kills the process instead."""
+    sb = await make()
+    code = (
+        "import ctypes, mmap\n"
+        "m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+        "m.write(bytes.fromhex('b814000000cd80c3'))  # mov eax, 20 (getpid); int 0x80; ret\n"
+        "f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))\n"
+        "print('pid', f())\n"
+    )
+    r = await sb.exec(["python3", "-c", code], timeout_s=30)
+    assert "pid" not in r.stdout and r.exit_code == 128 + 31, (r.exit_code, r.stdout, r.stderr)
