@@ -18,12 +18,15 @@ answers before the app asks for a single body byte; uvicorn then discards the re
 as it arrives (never buffered) and keeps the connection. Closing instead would be cheaper for
 the server, but a client still writing its body then reads a connection reset, not the 401
 or 413 (httpx2 lost the answer that way), the reason web servers "linger" before closing.
-Refusals are JSON: ``{"error": {"type", "message", "code"}}``, the shape the tool
-and sandbox servers' clients and the inference client both read.
+Refusals are JSON: ``{"error": {"type", "message", "code"}}``, the shape the tool and sandbox
+servers' clients and the inference client both read. An unauthenticated client that keeps
+streaming is still read (and discarded) until it stops, as by any HTTP server without a body
+timeout; it costs the server bandwidth, not memory.
 
-The tool server, the sandbox server and the embedded inference server use it; so must any
-later server (gateway, env service). Routes that carry large bodies on purpose (weight
-updates, uploads) get their own cap in ``Config.route_caps``.
+A websocket handshake needs the same bearer token (closed with 1008 otherwise); lifespan
+events pass through. The tool server, the sandbox server and the embedded inference server
+use it; so must any later server (gateway, env service). Routes that carry large bodies on
+purpose (weight updates, uploads) get their own cap in ``Config.route_caps``.
 """
 
 from __future__ import annotations
@@ -169,6 +172,11 @@ class HttpGuard:
                        f"{self.config.cap_hint}")  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and self.config.token:  # no body, but the same token
+            got = header(scope, b"authorization") or b""
+            if not hmac.compare_digest(got, self._expected):
+                await send({"type": "websocket.close", "code": 1008})  # policy violation
+                return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
