@@ -1,32 +1,41 @@
-"""Benchmark agentrl.algos against straightforward per-sample Python loops.
+"""Benchmark agentrl.algos against verl 0.9.1's own ``core_algos`` functions, same inputs, same run.
 
-    python benchmarks/algos.py --batch 1024 --seq 8192      # full size (8M tokens, fp32)
-    python benchmarks/algos.py --quick                      # 64 x 512
-    python benchmarks/algos.py --only gae,advantages        # cases whose name has a substring
+    python benchmarks/algos.py --setup-verl              # once: benchmarks/.venv-verl (git-ignored)
+    python benchmarks/algos.py --threads 1               # 1024 x 8192 fp32 tokens, every case
+    python benchmarks/algos.py --quick --only gae,grpo   # 64 x 512, cases whose name has a substring
+    python benchmarks/algos.py --check                   # agreement only, small batches (tests)
 
-Builds one synthetic batch (multi-turn response masks with environment-token holes, GRPO
-groups with shuffled, non-contiguous ids), runs every advantage estimator and policy loss in
-its vectorised form and in a naive reference form written here (per-sample loops over time
-steps; groups gathered through dicts of lists), checks that both agree (allclose) and prints
-the times and speedups (vectorised: best of --repeats; naive: best of up to 3 within 2 s).
-Sequence-level estimators (grpo, dr_grpo, rloo, reinforce_plus_plus_baseline) return one
-advantage per row, (B, 1), which is what training consumes; the naive loops build the (B, T)
-per-token tensor as they always do, and agreement is checked on the masked per-token values
-(``token_level``), outside the timed region. One more GRPO case starts from (B, T) token
-rewards (the driver's input) against a loop that sums them first, as verl's core_algos does.
-GAE is timed without whitening and losses forward only. ``check_agreement`` is the same
-comparison on a small batch, for tests.
+verl lives in its own venv, ``benchmarks/.venv-verl``: ``--setup-verl`` makes it with this
+interpreter, points it at this interpreter's site-packages (so both sides run on the very same
+torch and numpy builds) and installs ``verl==0.9.1 --no-deps`` plus the two small packages its
+``core_algos`` imports that agentrl does not have (codetiming, orjson). Without ``--setup-verl``
+the script re-runs itself in that venv; nothing of verl is copied into this repository.
+
+One synthetic batch: multi-turn response masks with environment-token holes (float32, as
+``TrainBatch.loss_mask``), token rewards (a score on the last generated token minus a small
+per-token KL term), critic values, dense group ids (groups of ``--group-size``), logprobs.
+Each case calls verl's function and ours on the same tensors, checks that their outputs agree
+on mask-1 tokens (untimed), and times both, interleaved: the best of ``--repeats`` runs each.
+Sequence-level estimators return (B, 1) in agentrl; the ``dense`` cases add ``token_level`` so
+both sides write the same (B, T) tensor that verl returns. Losses are timed forward only, and
+forward + backward. The last line is one JSON object: the worst ratio against its goal.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import subprocess
+import sys
+import sysconfig
 import time
-from collections import defaultdict
+import venv
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from functools import partial
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -38,170 +47,109 @@ from agentrl.algos import (
     AdvantageInputs,
     Aggregation,
     PolicyLossConfig,
+    kl_penalty,
+    token_level,
 )
-from agentrl.algos.advantages import group_normalized_scores, leave_one_out_scores, token_level
 
+VENV = Path(__file__).resolve().parent / ".venv-verl"
+VERL = "verl==0.9.1"
+VERL_EXTRAS = ("codetiming", "orjson")  # imported by verl.utils, not agentrl dependencies
 GAMMA, LAM = 0.99, 0.95
+RECURSION_GOAL, DEFAULT_GOAL = 10.0, 1.0
+
+
+# ---------------------------------------------------------------- the verl venv
+
+
+def _venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def setup_verl() -> None:
+    """Create benchmarks/.venv-verl on this interpreter's packages and install verl into it."""
+    venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+    (VENV / ".gitignore").write_text("*\n")  # git ignores the whole venv
+    here = sysconfig.get_paths()["purelib"]
+    purelib = subprocess.check_output(
+        [str(_venv_python()), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        text=True,
+    ).strip()
+    # addsitedir (not a plain path) so the editable install of agentrl is found there too
+    Path(purelib, "agentrl-host.pth").write_text(f"import site; site.addsitedir({here!r})\n")
+    pip = [str(_venv_python()), "-m", "pip", "install", "-q"]
+    subprocess.check_call([*pip, "--no-deps", VERL, *VERL_EXTRAS])
+    subprocess.check_call([str(_venv_python()), "-c", "import verl.trainer.ppo.core_algos"])
+    print(f"verl installed in {VENV}")
+
+
+def _in_verl_venv() -> bool:
+    return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+def _reexec_in_venv() -> None:
+    if _in_verl_venv():
+        return
+    if not _venv_python().exists():
+        raise SystemExit(
+            f"no {VENV.name}: run `python benchmarks/algos.py --setup-verl` first "
+            f"(it installs {VERL} --no-deps into {VENV})."
+        )
+    os.execv(str(_venv_python()), [str(_venv_python()), __file__, *sys.argv[1:]])
+
+
+def _verl() -> tuple[Any, Any, Any]:
+    """verl's core_algos module and its config classes (ActorConfig, AlgoConfig)."""
+    try:
+        from verl.trainer.config import AlgoConfig
+        from verl.trainer.ppo import core_algos
+        from verl.workers.config import ActorConfig
+    except ImportError as e:
+        raise SystemExit(f"verl's core_algos does not import here ({e}); see --setup-verl") from e
+    return core_algos, ActorConfig, AlgoConfig
+
+
+# ---------------------------------------------------------------- data
 
 
 @dataclass
 class Batch:
-    mask: Tensor  # (B, T) multi-turn: generated tokens with env-token holes
-    prefix_mask: Tensor  # (B, T) single-turn: ones then zeros
-    token_rewards: Tensor  # (B, T)
+    mask: Tensor  # (B, T) float, multi-turn: generated tokens with env-token holes
+    prefix_mask: Tensor  # (B, T) float, single-turn: ones then zeros
+    token_rewards: Tensor  # (B, T) score on the last generated token - 0.01 * |noise|
     values: Tensor  # (B, T)
-    scores: Tensor  # (B,)
-    baseline: Tensor  # (B,)
-    group_ids: Tensor  # (B,)
+    baseline: Tensor  # (B,) greedy reward (remax)
+    group_ids: Tensor  # (B,) int64, dense 0..G-1 (verl's vectorised estimators need dense ids)
     logprobs: Tensor  # (B, T)
     old_logprobs: Tensor  # (B, T)
+    ref_logprobs: Tensor  # (B, T)
     advantages: Tensor  # (B, T)
 
 
-def make_batch(b: int, t: int, group_size: int, seed: int = 0, device: str = "cpu") -> Batch:
+def make_batch(b: int, t: int, group_size: int, seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
     pos = torch.arange(t)
     lengths = torch.randint(t // 4, t + 1, (b,), generator=g)
     prefix = pos[None, :] < lengths[:, None]
     offset = torch.randint(0, 512, (b, 1), generator=g)
     period = max(t // 16, 8)
-    holes = (pos[None, :] + offset) % period < period // 8  # env tokens between turns
-    mask = prefix & ~holes
+    mask = prefix & ((pos[None, :] + offset) % period >= period // 8)  # env tokens between turns
+    mask[:, 0] = True  # every row has a generated token
+    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & mask
     scores = torch.randint(0, 3, (b,), generator=g).float()
-    n_groups = -(-b // group_size)
-    ids = torch.randperm(10 * n_groups, generator=g)[:n_groups] * 7 - 100  # arbitrary ints
-    group_ids = ids.repeat_interleave(group_size)[:b][torch.randperm(b, generator=g)]
+    kl = torch.randn(b, t, generator=g).abs() * 0.01
     old = -torch.rand(b, t, generator=g) * 3
-    batch = Batch(
-        mask=mask,
-        prefix_mask=prefix,
-        token_rewards=torch.randn(b, t, generator=g) * 0.01,
+    return Batch(
+        mask=mask.float(),
+        prefix_mask=prefix.float(),
+        token_rewards=(torch.where(last, scores[:, None], 0.0) - kl) * mask,
         values=torch.randn(b, t, generator=g),
-        scores=scores,
         baseline=torch.randint(0, 3, (b,), generator=g).float(),
-        group_ids=group_ids,
+        group_ids=(torch.arange(b) // group_size)[torch.randperm(b, generator=g)],
         logprobs=old + torch.randn(b, t, generator=g) * 0.1,
         old_logprobs=old,
+        ref_logprobs=old + torch.randn(b, t, generator=g) * 0.1,
         advantages=torch.randn(b, t, generator=g),
     )
-    for f in fields(batch):
-        setattr(batch, f.name, getattr(batch, f.name).to(device))
-    return batch
-
-
-# ---------------------------------------------------------------- naive references
-
-
-def naive_gae(
-    r: Tensor, v: Tensor, mask: Tensor, gamma: float, lam: float
-) -> tuple[Tensor, Tensor]:
-    """Per sample, per time step (backwards), skipping mask-0 tokens."""
-    adv = torch.zeros_like(r)
-    for i in range(r.shape[0]):
-        rr, vv, mm = r[i].tolist(), v[i].tolist(), mask[i].tolist()
-        out = [0.0] * len(rr)
-        last, next_v = 0.0, 0.0
-        for t in reversed(range(len(rr))):
-            if not mm[t]:
-                continue
-            delta = rr[t] + gamma * next_v - vv[t]
-            last = delta + gamma * lam * last
-            out[t] = last
-            next_v = vv[t]
-        adv[i] = torch.tensor(out)
-    return adv, (adv + v) * mask
-
-
-def naive_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    ret = torch.zeros_like(r)
-    for i in range(r.shape[0]):
-        rr, mm = r[i].tolist(), mask[i].tolist()
-        out, run = [0.0] * len(rr), 0.0
-        for t in reversed(range(len(rr))):
-            if mm[t]:
-                run = rr[t] + gamma * run
-                out[t] = run
-        ret[i] = torch.tensor(out)
-    return ret
-
-
-def _groups(scores: Tensor, ids: Tensor) -> dict[int, list[Tensor]]:
-    by_id: dict[int, list[Tensor]] = defaultdict(list)
-    for i in range(scores.shape[0]):
-        by_id[int(ids[i])].append(scores[i])
-    return by_id
-
-
-def naive_group_scores(scores: Tensor, ids: Tensor, kind: str, eps: float = 1e-6) -> Tensor:
-    """Classic form: a dict from group id to its scores, then a loop over samples. (B,)"""
-    stats: dict[int, tuple[Tensor, Tensor, int]] = {}
-    for gid, members in _groups(scores, ids).items():
-        x = torch.stack(members)
-        std = torch.std(x) if len(members) > 1 else torch.tensor(0.0)
-        stats[gid] = (torch.mean(x), std, len(members))
-    out = torch.zeros_like(scores)
-    for i in range(scores.shape[0]):
-        mean, std, n = stats[int(ids[i])]
-        if kind == "grpo":
-            out[i] = (scores[i] - mean) / (std + eps)
-        elif kind == "rloo":
-            out[i] = (scores[i] - mean) * n / (n - 1) if n > 1 else 0.0
-        else:  # dr_grpo, reinforce_plus_plus_baseline
-            out[i] = scores[i] - mean
-    return out
-
-
-def naive_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
-    vals = x[mask.bool()]
-    return (x - vals.mean()) / torch.sqrt(vals.var() + eps) * mask
-
-
-def naive_group_from_tokens(token_rewards: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
-    """GRPO from (B, T) token rewards, as verl's core_algos does it: sum, loop, broadcast."""
-    return naive_group(token_rewards.sum(-1), ids, mask, "grpo")
-
-
-def naive_group(scores: Tensor, ids: Tensor, mask: Tensor, kind: str) -> Tensor:
-    adv = naive_group_scores(scores, ids, kind)[:, None] * mask
-    return naive_whiten(adv, mask) if kind == "reinforce_plus_plus_baseline" else adv
-
-
-def naive_ppo(lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: PolicyLossConfig) -> Tensor:
-    """Token-mean PPO-clip with dual clip, one sample at a time."""
-    total, count = torch.zeros(()), 0.0
-    for i in range(lp.shape[0]):
-        m = mask[i].bool()
-        a, r = adv[i][m], torch.exp(lp[i][m] - old[i][m])
-        loss = torch.maximum(-a * r, -a * r.clamp(1 - cfg.ppo_low, 1 + cfg.ppo_high))
-        if cfg.clip_ratio_c is not None:
-            loss = torch.where(a < 0, torch.minimum(loss, -a * cfg.clip_ratio_c), loss)
-        total, count = total + loss.sum(), count + float(m.sum())
-    return total / count
-
-
-def naive_gspo(lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: PolicyLossConfig) -> Tensor:
-    """Seq-mean-token-mean GSPO, one sample at a time."""
-    per_seq = []
-    for i in range(lp.shape[0]):
-        m = mask[i].bool()
-        if not m.any():
-            continue
-        s = torch.exp((lp[i][m] - old[i][m]).mean())
-        a = adv[i][m]
-        loss = torch.maximum(-a * s, -a * s.clamp(1 - cfg.gspo_clip_low, 1 + cfg.gspo_clip_high))
-        per_seq.append(loss.mean())
-    return torch.stack(per_seq).mean()
-
-
-def naive_cispo(
-    lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: PolicyLossConfig
-) -> Tensor:
-    total, count = torch.zeros(()), 0.0
-    for i in range(lp.shape[0]):
-        m = mask[i].bool()
-        w = torch.exp(lp[i][m] - old[i][m]).clamp(max=1 + cfg.cispo_clip_high)
-        total, count = total + (-w * adv[i][m] * lp[i][m]).sum(), count + float(m.sum())
-    return total / count
 
 
 # ---------------------------------------------------------------- cases
@@ -210,204 +158,271 @@ def naive_cispo(
 @dataclass
 class Case:
     name: str
-    fast: Callable[[], Tensor]
-    naive: Callable[[], Tensor]
-    mask: Tensor | None = None
-    """Set for sequence-level (B, 1) outputs: compared as token_level(fast, mask), untimed."""
-
-    def comparable(self, fast_out: Tensor) -> Tensor:
-        return fast_out if self.mask is None else token_level(fast_out, self.mask)
+    ours: Callable[[], Tensor]
+    verl: Callable[[], Tensor]
+    mask: Tensor  # outputs are compared on its mask-1 tokens (scalars: as they are)
+    goal: float = DEFAULT_GOAL
 
 
-def _adv(name: str, cfg: AdvantageConfig, **kw: Tensor) -> Callable[[], Tensor]:
+def _adv(name: str, cfg: AdvantageConfig, dense: bool, **kw: Tensor) -> Callable[[], Tensor]:
     def run() -> Tensor:
-        return ADV_ESTIMATORS.get(name)(AdvantageInputs(**kw), cfg)[0]
+        adv = ADV_ESTIMATORS.get(name)(AdvantageInputs(**kw), cfg)[0]
+        return token_level(adv, kw["response_mask"]) if dense else adv
 
     return run
 
 
-def _loss(name: str, d: Batch, agg: str, adv: Tensor | None = None) -> Callable[[], Tensor]:
-    def run() -> Tensor:
-        fn = POLICY_LOSSES.get(name)
+def _loss(
+    ours: str, verl_fn: Callable[..., Any], d: Batch, pcfg: PolicyLossConfig, vcfg: Any, agg: str
+) -> tuple[Callable[[], Tensor], Callable[[], Tensor]]:
+    def run_ours() -> Tensor:
+        fn = POLICY_LOSSES.get(ours)
         return fn(
-            d.logprobs,
-            d.old_logprobs,
-            d.advantages if adv is None else adv,
-            d.mask,
-            PolicyLossConfig(),
-            agg=Aggregation(mode=agg),
+            d.logprobs, d.old_logprobs, d.advantages, d.mask, pcfg, agg=Aggregation(mode=agg)
+        )[0]  # type: ignore[no-any-return]
+
+    def run_verl() -> Tensor:
+        return verl_fn(  # type: ignore[no-any-return]
+            old_log_prob=d.old_logprobs,
+            log_prob=d.logprobs,
+            advantages=d.advantages,
+            response_mask=d.mask,
+            loss_agg_mode=agg,
+            config=vcfg,
         )[0]
 
-    return run
+    return run_ours, run_verl
 
 
-def _scores(kind: str, d: Batch) -> Callable[[], Tensor]:
-    if kind == "rloo":
-        return lambda: leave_one_out_scores(d.scores, d.group_ids)
-    return lambda: group_normalized_scores(d.scores, d.group_ids, norm_by_std=kind == "grpo")
+def _backward(run: Callable[[], Tensor], d: Batch) -> Callable[[], Tensor]:
+    """Forward and backward of a loss: the gradient with respect to ``d.logprobs``."""
+
+    def fwd_bwd() -> Tensor:
+        d.logprobs.grad = None
+        run().backward()
+        assert d.logprobs.grad is not None
+        return d.logprobs.grad
+
+    return fwd_bwd
 
 
 def cases(d: Batch) -> list[Case]:
-    cfg = AdvantageConfig(gamma=GAMMA, lam=LAM, whiten=False)
-    m, pm, pcfg = d.mask.float(), d.prefix_mask.float(), PolicyLossConfig()
-    tok = {"token_rewards": d.token_rewards, "values": d.values}
-    grp = {"response_mask": d.mask, "rewards": d.scores, "group_ids": d.group_ids}
-    r, v, s, ids = d.token_rewards, d.values, d.scores, d.group_ids
-    lp, old, a = d.logprobs, d.old_logprobs, d.advantages
+    ca, actor_config, algo_config = _verl()
+    cfg = AdvantageConfig(gamma=GAMMA, lam=LAM)
+    m, r, v, ids = d.mask, d.token_rewards, d.values, d.group_ids
+    ids_np = ids.numpy()
+    tok = {"token_rewards": r, "values": v}
+    grp = {"response_mask": m, "token_rewards": r, "group_ids": ids}
+    vrl_algo = algo_config(gamma=GAMMA)
     out = [
         Case(
-            "gae (single-turn)",
-            _adv("gae", cfg, response_mask=d.prefix_mask, **tok),
-            lambda: naive_gae(r, v, pm, GAMMA, LAM)[0],
+            "gae, single-turn, whitened",
+            _adv("gae", cfg, False, response_mask=d.prefix_mask, **tok),
+            lambda: ca.compute_gae_advantage_return(r, v, d.prefix_mask, GAMMA, LAM)[0],
+            d.prefix_mask,
+            RECURSION_GOAL,
         ),
         Case(
-            "gae (multi-turn)",
-            _adv("gae", cfg, response_mask=d.mask, **tok),
-            lambda: naive_gae(r, v, m, GAMMA, LAM)[0],
+            "gae, multi-turn, whitened",
+            _adv("gae", cfg, False, response_mask=m, **tok),
+            lambda: ca.compute_gae_advantage_return(r, v, m, GAMMA, LAM)[0],
+            m,
+            RECURSION_GOAL,
+        ),
+        Case(
+            "reinforce_plus_plus",
+            _adv("reinforce_plus_plus", cfg, False, response_mask=m, token_rewards=r),
+            lambda: ca.compute_reinforce_plus_plus_outcome_advantage(r, m, config=vrl_algo)[0],
+            m,
+            RECURSION_GOAL,
+        ),
+        Case(
+            "remax (gamma 1)",
+            _adv(
+                "remax",
+                AdvantageConfig(),
+                False,
+                response_mask=m,
+                token_rewards=r,
+                baseline_rewards=d.baseline,
+            ),  # fmt: skip
+            lambda: ca.compute_remax_outcome_advantage(r, d.baseline, m)[0],
+            m,
         ),
     ]
-    for k in ("grpo", "dr_grpo", "rloo"):
-        out.append(Case(f"{k} (B,) scores", _scores(k, d), partial(naive_group_scores, s, ids, k)))
-    for k in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"):
-        name = f"{k} advantages"
-        out.append(Case(name, _adv(k, cfg, **grp), partial(naive_group, s, ids, m, k), d.mask))
-    last = _last_token(s, m)  # what TrainBatch.token_rewards holds: the score on the last token
+    for ours, theirs, std in (
+        ("grpo", ca.compute_grpo_vectorized_outcome_advantage, True),
+        ("dr_grpo", ca.compute_grpo_vectorized_outcome_advantage, False),
+        ("rloo", ca.compute_rloo_vectorized_outcome_advantage, None),
+    ):
+        kw = {} if std is None else {"norm_adv_by_std_in_grpo": std}
+        fn: Callable[[], Tensor] = lambda f=theirs, kw=kw: f(r, m, ids_np, **kw)[0]  # noqa: E731
+        out.append(Case(f"{ours}, dense (B, T) out", _adv(ours, cfg, True, **grp), fn, m))
+        out.append(Case(f"{ours}, (B, 1) out", _adv(ours, cfg, False, **grp), fn, m))
     out.append(
         Case(
-            "grpo advantages, token_rewards in",
-            _adv("grpo", cfg, response_mask=m, token_rewards=last, group_ids=ids),
-            partial(naive_group_from_tokens, last, ids, m),
-            d.mask,
+            "reinforce_plus_plus_baseline, dense",
+            _adv("reinforce_plus_plus_baseline", cfg, True, **grp),
+            lambda: ca.compute_reinforce_plus_plus_baseline_outcome_advantage(r, m, ids_np)[0],
+            m,
         )
     )
-    rpp = _adv("reinforce_plus_plus", cfg, response_mask=d.mask, token_rewards=r)
-    remax = _adv("remax", cfg, response_mask=d.mask, rewards=s, baseline_rewards=d.baseline)
-    out += [
-        Case("reinforce_plus_plus", rpp, lambda: naive_whiten(naive_returns(r, m, GAMMA), m)),
-        Case(
-            "remax (gamma=0.99)",
-            remax,
-            lambda: naive_returns(_last_token(s, m), m, GAMMA) - d.baseline[:, None] * m,
+    one = torch.ones((), dtype=torch.float32)
+    vcfg = actor_config(strategy="fsdp", rollout_n=8, ppo_micro_batch_size_per_gpu=8)
+    losses = [
+        ("ppo_clip", ca.compute_policy_loss_vanilla, PolicyLossConfig(), vcfg, "token-mean"),
+        (
+            "gspo",
+            ca.compute_policy_loss_gspo,
+            PolicyLossConfig(),
+            actor_config(
+                strategy="fsdp",
+                rollout_n=8,
+                ppo_micro_batch_size_per_gpu=8,
+                clip_ratio_low=3e-4,
+                clip_ratio_high=4e-4,
+            ),  # fmt: skip
+            "seq-mean-token-mean",
         ),
-        Case(
-            "ppo_clip loss",
-            _loss("ppo_clip", d, "token-mean"),
-            partial(naive_ppo, lp, old, a, m, pcfg),
-        ),
-        Case(
-            "gspo loss",
-            _loss("gspo", d, "seq-mean-token-mean"),
-            partial(naive_gspo, lp, old, a, m, pcfg),
-        ),
-        Case(
-            "cispo loss", _loss("cispo", d, "token-mean"), partial(naive_cispo, lp, old, a, m, pcfg)
+        (
+            "cispo",
+            ca.compute_policy_loss_cispo,
+            PolicyLossConfig(cispo_clip_low=0.2, cispo_clip_high=0.28),
+            actor_config(
+                strategy="fsdp",
+                rollout_n=8,
+                ppo_micro_batch_size_per_gpu=8,
+                clip_ratio_low=0.2,
+                clip_ratio_high=0.28,
+            ),  # fmt: skip
+            "token-mean",
         ),
     ]
-    row = d.advantages[:, :1]  # (B, 1) sequence-level advantages; the loop gets them per token
-    row_dense = row * m
+    for name, fn_v, pcfg, vc, agg in losses:
+        ours_fn, verl_fn = _loss(name, fn_v, d, pcfg, vc, agg)
+        out.append(Case(f"{name} loss, forward", ours_fn, verl_fn, one))
+        out.append(Case(f"{name} loss, fwd + bwd", _backward(ours_fn, d), _backward(verl_fn, d), m))
+    lp, ref = d.logprobs.detach(), d.ref_logprobs
     out.append(
         Case(
-            "ppo_clip loss, (B, 1) adv",
-            _loss("ppo_clip", d, "token-mean", row),
-            partial(naive_ppo, lp, old, row_dense, m, pcfg),
+            "kl k3 / low_var_kl",
+            lambda: kl_penalty(lp, ref, "k3"),
+            lambda: ca.kl_penalty(lp, ref, "low_var_kl"),
+            m,
         )
     )
     return out
 
 
-def _last_token(scores: Tensor, mask: Tensor) -> Tensor:
-    out = torch.zeros_like(mask)
-    for i in range(mask.shape[0]):
-        idx = mask[i].nonzero()
-        if len(idx):
-            out[i, int(idx[-1])] = scores[i]
-    return out
-
-
-def _agree(a: Tensor, b: Tensor) -> tuple[bool, float]:
-    err = float((a - b).abs().max())
-    return bool(torch.allclose(a, b, rtol=1e-3, atol=1e-3)), err
+def _agree(a: Tensor, b: Tensor, mask: Tensor) -> tuple[bool, float]:
+    a, b = a.detach().double(), b.detach().double()
+    if a.dim() == 0:
+        err = float((a - b).abs())
+        return err <= 1e-5 + 1e-4 * float(b.abs()), err
+    a, b = torch.broadcast_to(a, mask.shape), torch.broadcast_to(b, mask.shape)
+    on = mask.bool()
+    err = float((a[on] - b[on]).abs().max())
+    return bool(torch.allclose(a[on], b[on], rtol=1e-4, atol=2e-5)), err
 
 
 def check_agreement(
     batch: int = 16, seq: int = 96, group_size: int = 4, seed: int = 0
 ) -> dict[str, tuple[bool, float]]:
-    """Run every case both ways on a small batch; name -> (allclose, max abs error)."""
+    """Run every case both ways on a small batch; name -> (agree, max abs error on the mask)."""
     d = make_batch(batch, seq, group_size, seed)
-    return {c.name: _agree(c.comparable(c.fast()), c.naive()) for c in cases(d)}
+    d.logprobs.requires_grad_(True)
+    return {c.name: _agree(c.ours(), c.verl(), c.mask) for c in cases(d)}
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+# ---------------------------------------------------------------- timing
 
 
-def _time(fn: Callable[[], Tensor], repeats: int) -> tuple[float, Tensor]:
-    out = fn()  # warm-up (also the result we check)
-    best = math.inf
+def _time_once(fn: Callable[[], Tensor]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _time_pair(c: Case, repeats: int, budget_s: float) -> tuple[float, float, Tensor, Tensor]:
+    """Best of ``repeats`` for each side, interleaved; a slow side stops after ``budget_s``."""
+    ours_out, verl_out = c.ours(), c.verl()  # warm-up, and the outputs we compare
+    best_o = best_v = math.inf
+    spent_v = 0.0
     for _ in range(repeats):
-        _sync()
-        t0 = time.perf_counter()
-        fn()
-        _sync()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+        best_o = min(best_o, _time_once(c.ours))
+        if spent_v < budget_s:
+            took = _time_once(c.verl)
+            best_v, spent_v = min(best_v, took), spent_v + took
+    return best_o, best_v, ours_out, verl_out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--setup-verl", action="store_true", help=f"create {VENV.name} with {VERL}")
+    p.add_argument("--check", action="store_true", help="agreement on small batches, no timing")
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument(
-        "--repeats", type=int, default=3, help="timed repeats of the vectorised form (best is kept)"
-    )
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per side (best is kept)")
     p.add_argument("--quick", action="store_true", help="64 x 512 instead of --batch x --seq")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--device", default="cpu", help="where the tensors live: cpu or cuda")
-    p.add_argument(
-        "--only", default="", help="comma-separated substrings: run the cases whose name has one"
-    )
+    p.add_argument("--only", default="", help="comma-separated substrings of case names")
     args = p.parse_args()
+    if args.setup_verl:
+        setup_verl()
+        return
+    _reexec_in_venv()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.check:
+        results = {f"{s}": check_agreement(*s) for s in ((16, 96, 4, 0), (9, 130, 3, 1))}
+        bad = {k: {n: e for n, (ok, e) in r.items() if not ok} for k, r in results.items()}
+        print(json.dumps({"cases": len(next(iter(results.values()))), "disagree": bad}))
+        raise SystemExit(1 if any(bad.values()) else 0)
     b, t = (64, 512) if args.quick else (args.batch, args.seq)
-    d = make_batch(b, t, args.group_size, device=args.device)
+    d = make_batch(b, t, args.group_size)
+    d.logprobs.requires_grad_(True)
+    import verl
+
     print(
-        f"batch {b} x {t} fp32 ({int(d.mask.sum())} generated tokens), group size {args.group_size}, "
-        f"{args.device}, {torch.get_num_threads()} CPU threads"
+        f"batch {b} x {t} fp32 ({int(d.mask.sum())} generated tokens), group size "
+        f"{args.group_size}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"verl {verl.__version__}, load average {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'':30s} {'vectorised':>12s} {'naive loop':>12s} {'speedup':>9s}  agree (max abs err)")
-    failed = []
+    print(f"{'':38s} {'agentrl':>10s} {'verl':>10s} {'speedup':>8s} {'goal':>5s}  agree (max err)")
     wanted = [w for w in args.only.split(",") if w]
+    rows, failed = [], []
     for c in cases(d):
         if wanted and not any(w in c.name for w in wanted):
             continue
-        fast_s, fast_out = _time(c.fast, args.repeats)
-        naive_s, naive_out = _naive_time(c.naive)
-        ok, err = _agree(c.comparable(fast_out), naive_out)
+        ours_s, verl_s, ours_out, verl_out = _time_pair(c, args.repeats, budget_s=10.0)
+        ok, err = _agree(ours_out, verl_out, c.mask)
         failed += [] if ok else [c.name]
+        rows.append((c, verl_s / ours_s))
         print(
-            f"{c.name:30s} {fast_s * 1e3:10.1f}ms {naive_s * 1e3:10.1f}ms {naive_s / fast_s:8.1f}x  {ok} ({err:.2e})"
+            f"{c.name:38s} {ours_s * 1e3:8.2f}ms {verl_s * 1e3:8.2f}ms {verl_s / ours_s:7.1f}x "
+            f"{c.goal:4g}x  {ok} ({err:.1e})",
+            flush=True,
         )
+    if not rows:
+        raise SystemExit(f"no case matches --only {args.only!r}")
+    worst, ratio = min(rows, key=lambda row: row[1] / row[0].goal)
+    print(
+        json.dumps(
+            {
+                "benchmark": f"agentrl.algos vs verl core_algos, {b}x{t} fp32, "
+                f"{torch.get_num_threads()} threads, worst case against its goal: {worst.name}",
+                "baseline": f"verl {verl.__version__} core_algos",
+                "ours": "agentrl.algos",
+                "ratio": round(ratio, 2),
+                "goal": f">= {RECURSION_GOAL:g}x on gae / reinforce_plus_plus, "
+                f">= {DEFAULT_GOAL:g}x elsewhere",
+                "met": all(x >= c.goal for c, x in rows) and not failed,
+            }
+        )
+    )
     if failed:
         raise SystemExit(f"results disagree for: {', '.join(failed)}")
-
-
-def _naive_time(fn: Callable[[], Tensor], budget_s: float = 2.0) -> tuple[float, Tensor]:
-    """Best of up to 3 runs, stopping once ``budget_s`` has been spent (slow loops run once)."""
-    best, spent, out = math.inf, 0.0, None
-    for _ in range(3):
-        _sync()
-        t0 = time.perf_counter()
-        out = fn()
-        _sync()
-        took = time.perf_counter() - t0
-        best, spent = min(best, took), spent + took
-        if spent > budget_s:
-            break
-    assert out is not None
-    return best, out
 
 
 if __name__ == "__main__":

@@ -349,6 +349,7 @@ class RunConfig:
         return Path(self.output_dir) / self.name
 
     def validate(self) -> None:
+        _canonical_algo_names(self)
         _validate_shapes(self)
         _validate_names(self)
         _validate_algo_options(self)
@@ -412,6 +413,18 @@ def _validate_megatron(cfg: RunConfig) -> None:
         raise ConfigError(
             "the megatron engine has no critic (value head); keep critic.backend=torch"
         )
+
+
+def _canonical_algo_names(cfg: RunConfig) -> None:
+    """verl's names for our algorithms (grpo_vectorized, vanilla, kl, ...) -> our ids, so
+    checks like ``adv_estimator == "gae"`` see one name; unknown names are left to
+    :func:`_validate_names`."""
+    from agentrl.algos import ADV_ESTIMATORS, KL_PENALTIES, POLICY_LOSSES
+    from agentrl.algos.registry import canonical_name
+
+    cfg.algo.adv_estimator = canonical_name(ADV_ESTIMATORS, cfg.algo.adv_estimator)
+    cfg.algo.policy_loss = canonical_name(POLICY_LOSSES, cfg.algo.policy_loss)
+    cfg.algo.kl.type = canonical_name(KL_PENALTIES, cfg.algo.kl.type)
 
 
 def _validate_names(cfg: RunConfig) -> None:

@@ -55,7 +55,7 @@ from agentrl.algos.ops import (
     row_chunks,
     scatter_to_last_token,
 )
-from agentrl.algos.registry import register_advantage
+from agentrl.algos.registry import ADV_ESTIMATORS, register_advantage
 from agentrl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -247,6 +247,9 @@ def grpo_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, 
     return _per_row(adv)
 
 
+ADV_ESTIMATORS.register("grpo_vectorized", grpo_advantage, description="verl's name for grpo")
+
+
 @register_advantage("dr_grpo", description="Dr.GRPO: score - group mean, no std division")
 @torch.no_grad()
 def dr_grpo_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
@@ -267,6 +270,9 @@ def rloo_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, 
     A group of one gets 0. One value per row, (B, 1); returns = advantages.
     """
     return _per_row(leave_one_out_scores(inp.scores(), _group_ids(inp, "rloo")))
+
+
+ADV_ESTIMATORS.register("rloo_vectorized", rloo_advantage, description="verl's name for rloo")
 
 
 @register_advantage("reinforce_plus_plus", description="REINFORCE++: discounted returns, whitened")

@@ -41,12 +41,26 @@ class AggMode(StrEnum):
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
 
 
+VERL_ONLY_MODES = {
+    "token-sum": "use seq-mean-token-sum: the same sum over tokens divided by the number of "
+    "sequences, a constant of the step (Adam's update does not change with a constant scale; "
+    "with SGD, scale the learning rate instead)",
+}
+"""verl 0.9.1 ``loss_agg_mode`` values with no mode here, and what to use instead."""
+
+
 def parse_agg_mode(mode: str) -> AggMode:
-    """The AggMode for ``mode``; a ConfigError with close matches for an unknown one."""
+    """The AggMode for ``mode``; a ConfigError with close matches for an unknown one (for a
+    verl mode we lack, the message names ours)."""
     try:
         return AggMode(mode)
     except ValueError:
         known = [m.value for m in AggMode]
+        if mode in VERL_ONLY_MODES:
+            raise ConfigError(
+                f"loss aggregation mode {mode!r} is verl's and not agentrl's: "
+                f"{VERL_ONLY_MODES[mode]}. agentrl's are {', '.join(known)}."
+            ) from None
         close = difflib.get_close_matches(mode, known, n=2, cutoff=0.5)
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise ConfigError(

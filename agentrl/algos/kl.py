@@ -5,7 +5,7 @@
       -> apply_kl_to_reward(...) subtracted from token rewards, coef from a KL controller (PPO style)
 
 Estimators of KL(pi || ref) from samples of pi, with d = logprobs - ref_logprobs (Schulman, 2020):
-- ``k1``: d                                   unbiased, high variance, can be negative
+- ``k1`` (verl's ``kl``): d                     unbiased, high variance, can be negative
 - ``abs``: |d|
 - ``k2`` (alias ``mse``): d^2 / 2              biased, low variance
 - ``k3`` (alias ``low_var_kl``): exp(-d) + d - 1  unbiased, low variance, >= 0; clamped to [-10, 10]
@@ -90,6 +90,9 @@ KL_PENALTIES.register("k3+", kl_k3_st, description="value of k3, gradient of k2"
 KL_PENALTIES.register("low_var_kl+", kl_k3_st, description="value of k3, gradient of k2")
 KL_PENALTIES.register("abs+", kl_abs_st, description="value of |d|, gradient of k2")
 KL_PENALTIES.register("k2+", kl_k2, description="k2 (its own gradient)")
+KL_PENALTIES.register("kl", kl_k1, description="verl's name for k1")
+KL_PENALTIES.register("kl+", kl_k1_st, description="verl's name for k1+")
+KL_PENALTIES.register("mse+", kl_k2, description="verl's mse+: k2 (its own gradient)")
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from agentrl.algos.aggregation import Aggregation, masked_mean
 from agentrl.algos.ops import check_same_shape, check_token_or_row
-from agentrl.algos.registry import register_policy_loss
+from agentrl.algos.registry import POLICY_LOSSES, register_policy_loss
 from agentrl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -146,6 +146,9 @@ def ppo_clip_loss(
     metrics["ppo_kl"] = -masked_mean(log_ratio.detach(), mask)
     metrics["pg_loss"] = loss.detach()
     return loss, metrics
+
+
+POLICY_LOSSES.register("vanilla", ppo_clip_loss, description="verl's name for ppo_clip")
 
 
 @register_policy_loss("gspo", description="GSPO: clipped sequence-level (geometric mean) ratio")
