@@ -245,7 +245,7 @@ def cases(d: Batch) -> list[Case]:
                 response_mask=m,
                 token_rewards=r,
                 baseline_rewards=d.baseline,
-            ),  # fmt: skip
+            ),
             lambda: ca.compute_remax_outcome_advantage(r, d.baseline, m)[0],
             m,
         ),
@@ -281,7 +281,7 @@ def cases(d: Batch) -> list[Case]:
                 ppo_micro_batch_size_per_gpu=8,
                 clip_ratio_low=3e-4,
                 clip_ratio_high=4e-4,
-            ),  # fmt: skip
+            ),
             "seq-mean-token-mean",
         ),
         (
@@ -294,7 +294,7 @@ def cases(d: Batch) -> list[Case]:
                 ppo_micro_batch_size_per_gpu=8,
                 clip_ratio_low=0.2,
                 clip_ratio_high=0.28,
-            ),  # fmt: skip
+            ),
             "token-mean",
         ),
     ]
