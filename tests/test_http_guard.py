@@ -1,6 +1,6 @@
 """HttpGuard as a plain ASGI app, called directly: what reaches the app, what is answered instead.
 
-The servers behind it are tested over real HTTP in tests/toolserver/test_http_guard.py and
+The servers behind it are tested over real HTTP in tests/toolserver/test_toolserver_guard.py and
 tests/inference/test_inference_guard.py."""
 
 from __future__ import annotations

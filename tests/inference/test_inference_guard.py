@@ -18,7 +18,7 @@ from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import SamplingParams
 from agentrl.inference.weight_sync import HTTPTensorWeightSync
 from agentrl.inference.weights import checksum_named_tensors
-from tests.toolserver.test_http_guard import raw_head
+from tests.toolserver.test_toolserver_guard import raw_head
 
 KEY = "inference-key-0123456789"
 PROMPT = [5, 6, 7, 8, 9]
