@@ -142,11 +142,14 @@ def run_exec(
     started.set_result(exec_id)
     sock = raw_socket(api.exec_start(exec_id, socket=True))
     try:
-        if isinstance(stdin, bytes):
-            sock.sendall(stdin)
-        elif stdin is not None:
-            while chunk := stdin.read(1 << 16):
-                sock.sendall(chunk)
+        try:
+            if isinstance(stdin, bytes):
+                sock.sendall(stdin)
+            elif stdin is not None:
+                while chunk := stdin.read(1 << 16):
+                    sock.sendall(chunk)
+        except OSError:
+            pass  # the command stopped reading (e.g. its write failed): its output still counts
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_WR)
         frames = Frames()

@@ -19,12 +19,14 @@ from typing import IO
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox import ExecResult, Sandbox
+from sandboxes._disk import explain_no_space
 
 
 class ExecFileOps(Sandbox):
     """A ``Sandbox`` whose ``read_file``/``write_file``/``upload``/``download`` run commands."""
 
     max_file_bytes: int = 64 * 1024 * 1024
+    disk_mb: int = 0  # the writable space's cap, named in "no space" errors
 
     @abstractmethod
     async def _run(
@@ -44,7 +46,7 @@ class ExecFileOps(Sandbox):
                   f'exec head -c {limit + 1} -- "$1"')  # fmt: skip
         with tempfile.TemporaryFile() as f:
             r = await self._run(["/bin/sh", "-c", script, "sh", path], stdout_file=f)
-            _raise_for_file(r, path, "read")
+            _raise_for_file(r, path, "read", self.disk_mb)
             f.seek(0)
             data = f.read()
         if len(data) > limit:
@@ -58,7 +60,7 @@ class ExecFileOps(Sandbox):
             script += f' && chmod {mode:o} -- "$1"'
         blob = data.encode() if isinstance(data, str) else data
         r = await self._run(["/bin/sh", "-c", script, "sh", path], stdin=blob)
-        _raise_for_file(r, path, "write")
+        _raise_for_file(r, path, "write", self.disk_mb)
 
     async def upload(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
         """Copy a host file or directory to ``remote_path`` (streamed into the sandbox)."""
@@ -75,7 +77,7 @@ class ExecFileOps(Sandbox):
                 script = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
             f.seek(0)
             r = await self._run(["/bin/sh", "-c", script, "sh", dst], stdin=f)
-        _raise_for_file(r, dst, "upload to")
+        _raise_for_file(r, dst, "upload to", self.disk_mb)
 
     async def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
         """Copy a sandbox file or directory to ``local_path`` (links stay inside it)."""
@@ -84,7 +86,7 @@ class ExecFileOps(Sandbox):
         with tempfile.TemporaryFile() as f:
             script = '[ -e "$1" ] || [ -L "$1" ] || exit 3; cd "$(dirname -- "$1")" && exec tar -c -- "$(basename -- "$1")"'
             r = await self._run(["/bin/sh", "-c", script, "sh", src], stdout_file=f)
-            _raise_for_file(r, src, "download")
+            _raise_for_file(r, src, "download", self.disk_mb)
             f.seek(0)
             with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
                 try:
@@ -97,7 +99,7 @@ class ExecFileOps(Sandbox):
                 entry.replace(dst)
 
 
-def _raise_for_file(r: ExecResult, path: str, what: str) -> None:
+def _raise_for_file(r: ExecResult, path: str, what: str, disk_mb: int = 0) -> None:
     if r.exit_code == 0 and not r.timed_out:
         return
     if r.exit_code == 3:
@@ -107,7 +109,7 @@ def _raise_for_file(r: ExecResult, path: str, what: str) -> None:
     if r.exit_code == 5:
         raise PermissionError(f"{path} is not readable inside the sandbox")
     why = "timed out" if r.timed_out else (r.stderr.strip() or f"exit code {r.exit_code}")
-    raise SandboxError(f"cannot {what} {path} in the sandbox: {why}")
+    raise SandboxError(explain_no_space(f"cannot {what} {path} in the sandbox: {why}", disk_mb))
 
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

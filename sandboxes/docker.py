@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ import psutil
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
 from sandboxes import _cgroup
+from sandboxes._disk import make_home, remove_home
 from sandboxes._docker_exec import (
     REAPER_ENV,
     DockerProcess,
@@ -100,6 +100,10 @@ class DockerSandbox(ExecFileOps):
         file_size_mb: int = 1024
         nofile: int = 1024
         tmp_size_mb: int = 512
+        """/tmp is a tmpfs of this size (memory, not disk)."""
+        disk_mb: int = 0
+        """Cap on the workspace: a sparse, loop-mounted ext4 of this size (needs root);
+        0: no cap, it shares root_dir's disk."""
         exec_timeout_s: float = 120.0
         max_output_bytes: int = 64 * 1024
         max_file_bytes: int = 64 * 1024 * 1024
@@ -110,6 +114,7 @@ class DockerSandbox(ExecFileOps):
     def __init__(self, config: Config, name: str, home: Path, client: Any, container: Any) -> None:
         self.config = config
         self.max_file_bytes = config.max_file_bytes
+        self.disk_mb = config.disk_mb
         self.name = name
         self.home = home
         self.client = client
@@ -129,7 +134,12 @@ class DockerSandbox(ExecFileOps):
         name = name or new_name()
         client = await in_thread(_client, config.base_url)
         home = root_dir(config.root_dir) / name
-        home.mkdir(mode=0o755)
+        try:
+            await make_home(home, config.disk_mb)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                client.close()
+            raise
         try:
             (home / "ws").mkdir()
             uid = _uid(config.user)
@@ -140,7 +150,7 @@ class DockerSandbox(ExecFileOps):
             container = await in_thread(_run_container, client, config, name, home / "ws")
             await in_thread(container.reload)  # State.Pid: the init's host pid
         except BaseException:
-            shutil.rmtree(home, ignore_errors=True)
+            await asyncio.shield(remove_home(home))
             with contextlib.suppress(Exception):
                 client.close()
             raise
@@ -298,7 +308,7 @@ class DockerSandbox(ExecFileOps):
             await in_thread(self.container.remove, force=True)
         except Exception as e:  # already gone, or the daemon died: sweep() finds it later
             logger.warning("removing container %s failed: %s", self.name, e)
-        await asyncio.to_thread(shutil.rmtree, self.home, True)
+        await remove_home(self.home)
         with contextlib.suppress(Exception):  # its connection pool: sockets to the engine
             await in_thread(self.client.close)
 
@@ -314,9 +324,11 @@ class DockerSandbox(ExecFileOps):
         finally:
             await in_thread(client.close)
         root = root_dir(cfg.root_dir)
-        dirs = [d for d in root.iterdir() if d.name.startswith(prefix)]
+        dirs = [d for d in root.iterdir() if d.name.startswith(prefix) and d.is_dir()]
         for d in dirs:
-            await asyncio.to_thread(shutil.rmtree, d, True)
+            await remove_home(d)
+        for img in root.glob(f"{prefix}*.img"):  # images whose mount point is gone
+            img.unlink(missing_ok=True)
         return SweepReport(containers=len(victims), dirs=len(dirs))
 
 

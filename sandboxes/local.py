@@ -37,7 +37,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ from typing import IO, Any, Self
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
 from sandboxes import _cgroup, _seccomp
+from sandboxes._disk import make_home, remove_home
 from sandboxes._exec_agent import MAX_STDIN, SECCOMP_ENV, AgentSlot, ExecAgent, agent_argv
 from sandboxes._files import ExecFileOps
 from sandboxes._host import (
@@ -84,6 +84,9 @@ class LocalSandbox(ExecFileOps):
         """RLIMIT_CPU per process."""
         file_size_mb: int = 1024
         """RLIMIT_FSIZE: the largest file a process may write."""
+        disk_mb: int = 0
+        """Cap on the workspace and /tmp together: they live on their own ext4 of this size
+        (a sparse, loop-mounted image; needs root). 0: no cap, they share root_dir's disk."""
         nofile: int = 1024
         uid: int = 65534
         """When started as root, run commands as this uid/gid (-1: stay root)."""
@@ -113,6 +116,7 @@ class LocalSandbox(ExecFileOps):
                  bwrap: bool, uid: int | None) -> None:  # fmt: skip
         self.config = config
         self.max_file_bytes = config.max_file_bytes
+        self.disk_mb = config.disk_mb
         self.name = name
         self.home = home  # host dir: ws/ (the workspace) and tmp/
         self.cgroup = cg
@@ -151,7 +155,7 @@ class LocalSandbox(ExecFileOps):
         home = root_dir(config.root_dir) / name
         if uid is not None:
             check_traversable(home.parent, uid)
-        home.mkdir(mode=0o755)
+        await make_home(home, config.disk_mb)
         cg = None
         try:
             for sub in ("ws", "tmp"):
@@ -169,7 +173,7 @@ class LocalSandbox(ExecFileOps):
                     pids_max=config.pids_max,
                 )
         except BaseException:
-            shutil.rmtree(home, ignore_errors=True)
+            await asyncio.shield(remove_home(home))
             raise
         sb = cls(config, name, home, cg, bwrap, uid)
         try:
@@ -391,7 +395,7 @@ class LocalSandbox(ExecFileOps):
             await self.cgroup.destroy()
         else:
             kill_marked(self.name + "/")
-        await asyncio.to_thread(shutil.rmtree, self.home, True)
+        await remove_home(self.home)
 
     @classmethod
     async def sweep(cls, prefix: str, config: object | None = None) -> SweepReport:
@@ -402,10 +406,12 @@ class LocalSandbox(ExecFileOps):
         )
         dirs = 0
         root = root_dir(cfg.root_dir)
-        for d in root.iterdir() if root.is_dir() else ():
-            if d.name.startswith(prefix):
-                await asyncio.to_thread(shutil.rmtree, d, True)
+        for d in list(root.iterdir()) if root.is_dir() else ():
+            if d.name.startswith(prefix) and d.is_dir():
+                await remove_home(d)
                 dirs += 1
+            elif d.name.startswith(prefix) and d.name.endswith(".img"):
+                d.unlink(missing_ok=True)  # an image whose mount point is gone
         return SweepReport(processes=procs + cg_procs, cgroups=groups, dirs=dirs)
 
     def _check_open(self) -> None:

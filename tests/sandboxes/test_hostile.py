@@ -296,3 +296,26 @@ async def test_other_syscall_abis_are_killed(make: MakeSandbox) -> None:
     )
     r = await sb.exec(["python3", "-c", code], timeout_s=30)
     assert "pid" not in r.stdout and r.exit_code == 128 + 31, (r.exit_code, r.stdout, r.stderr)
+
+
+async def test_disk_cap_holds_for_workspace_and_tmp(make: MakeSandbox, backend: str) -> None:
+    """Many files each under the per-file limit cannot fill the host disk: the writable space
+    is its own filesystem of ``disk_mb`` (the workspace and, on local, /tmp)."""
+    if os.geteuid() != 0:
+        pytest.skip("a capped filesystem needs root")
+    sb = await make(disk_mb=32, file_size_mb=64)
+    tmp_too = "/tmp/b" if backend == "local" else "c"
+    r = await sb.exec(f"head -c 20M /dev/zero > a; head -c 20M /dev/zero > {tmp_too}; echo rc=$?",
+                      timeout_s=60)  # fmt: skip
+    assert "No space left on device" in r.stderr and "rc=1" in r.stdout, r
+    await sb.exec(f"rm -f a {tmp_too}", timeout_s=10)
+    with pytest.raises(SandboxError, match=r"No space left.*disk_mb=32"):
+        await sb.write_file("big.bin", b"\0" * (33 << 20))  # the cap + 1 MiB
+    home = Path(getattr(sb, "home", ""))
+    used = sum(p.stat().st_blocks * 512 for p in home.rglob("*") if p.is_file())
+    assert used <= 32 << 20
+    image = home.with_name(home.name + ".img")
+    assert image.stat().st_blocks * 512 <= 33 << 20  # sparse: what was written, at most
+    await sb.exec("rm -f big.bin", timeout_s=10)
+    await sb.write_file("small.txt", "fits")  # space comes back
+    assert await sb.read_file("small.txt") == b"fits"
