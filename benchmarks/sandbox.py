@@ -4,10 +4,12 @@
         (default targets: local,local-chain,local-bash,remote,docker,swerex,swerex-bash,
          swerex-bash-stock,bwrap,pipe-shell,subprocess)
 
-For each target: create latency, the first exec after create, exec latency for ``echo hi``,
-``python3 -c pass`` and ``ls /`` (p50/p99 over ``--n`` sequential runs in one sandbox),
-destroy latency, and concurrent exec throughput (``--sandboxes`` fresh sandboxes,
-``--per-sandbox`` ``echo hi`` each, all at once; this includes each sandbox's first exec).
+For each target: exec latency for ``echo hi``, ``python3 -c pass`` and ``ls /`` (p50/p99 over
+``--n`` runs in one sandbox per target; the runs are interleaved, round by round, over all
+targets, so a shared machine's load falls on every target alike), then create latency, the
+first exec after create, destroy latency, and concurrent exec throughput (``--sandboxes``
+fresh sandboxes, ``--per-sandbox`` ``echo hi`` each, all at once; this includes each
+sandbox's first exec), target after target.
 Every target runs with the same ``PATH``, the one the local sandbox gives its commands
 (``/usr/local/sbin:...:/bin``): the benchmark sets it before anything starts, and exports it
 again in SWE-ReX's session (its bash runs in a pty, so it is interactive and reads
@@ -233,7 +235,7 @@ def swerex_targets() -> list[Target] | str:
         return str(r.stdout)
 
     async def start_session(rt: Any, send_delay: bool) -> None:
-        await rt.create_session(CreateBashSessionRequest())
+        await rt.create_session(CreateBashSessionRequest(startup_timeout=30))
         if not send_delay:  # pexpect sleeps delaybeforesend (50 ms) before every send
             rt.sessions["default"].shell.delaybeforesend = None
         # Its bash runs in a pty, so it is interactive and reads ~/.bashrc, which may put
@@ -409,24 +411,19 @@ async def timed(aw: Awaitable[Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-async def measure(t: Target, n: int, sandboxes: int, per_sandbox: int) -> Result:
-    res = Result(target=t.name, note=t.note)
-    for _ in range(max(3, n // 4)):  # lifecycle: create, one command, destroy
+def failed(t: Target, e: Exception) -> str:
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"{t.name}: failed during the run ({type(e).__name__}: {first})"
+
+
+async def lifecycle(t: Target, res: Result, n: int, sandboxes: int, per_sandbox: int) -> None:
+    """Create, one command, destroy (``max(3, n // 4)`` times); then the concurrent run."""
+    for _ in range(max(3, n // 4)):
         dt, sb = await timed(t.create())
         res.create_s.append(dt)
         res.first_exec_s.append((await timed(t.exec(sb, "true")))[0])
         dt, _ = await timed(t.destroy(sb))
         res.destroy_s.append(dt)
-    sb = await t.create()
-    try:
-        res.python3 = (await t.exec(sb, "command -v python3")).strip()  # the same everywhere?
-        for cmd in COMMANDS:
-            out = await t.exec(sb, cmd)  # warm-up, and a check that it really ran
-            if cmd == "echo hi" and "hi" not in out:
-                raise RuntimeError(f"{t.name}: `echo hi` printed {out!r}")
-            res.exec_s[cmd] = [(await timed(t.exec(sb, cmd)))[0] for _ in range(n)]
-    finally:
-        await t.destroy(sb)
     sbs = await asyncio.gather(*(t.create() for _ in range(sandboxes)))
     try:
         t0 = time.perf_counter()
@@ -434,9 +431,60 @@ async def measure(t: Target, n: int, sandboxes: int, per_sandbox: int) -> Result
         res.execs_per_s = sandboxes * per_sandbox / (time.perf_counter() - t0)
     finally:
         await asyncio.gather(*(t.destroy(s) for s in sbs))
-    if t.failures:
-        res.note += f" ({len(t.failures)} calls failed and were retried)"
-    return res
+
+
+async def exec_rounds(targets: list[Target], results: dict[str, Result], n: int,
+                      skipped: list[str]) -> None:  # fmt: skip
+    """One sandbox per target, all open at once; ``n`` rounds, each timing every command once
+    on every target in turn, so that the load of a shared machine falls on all of them alike."""
+    live: dict[str, tuple[Target, Any]] = {}
+    try:
+        for t in targets:
+            try:
+                sb = live.setdefault(t.name, (t, await t.create()))[1]
+                res = results[t.name]
+                res.python3 = (await t.exec(sb, "command -v python3")).strip()
+                for cmd in COMMANDS:
+                    out = await t.exec(sb, cmd)  # warm-up, and a check that it really ran
+                    if cmd == "echo hi" and "hi" not in out:
+                        raise RuntimeError(f"{t.name}: `echo hi` printed {out!r}")
+                    res.exec_s[cmd] = []
+            except Exception as e:  # report it; measure the others
+                skipped.append(failed(t, e))
+                results.pop(t.name, None)
+        for _ in range(n):
+            for name, (t, sb) in list(live.items()):
+                if name not in results:
+                    continue
+                try:
+                    for cmd in COMMANDS:
+                        results[name].exec_s[cmd].append((await timed(t.exec(sb, cmd)))[0])
+                except Exception as e:
+                    skipped.append(failed(t, e))
+                    results.pop(name)
+    finally:
+        for t, sb in live.values():
+            with contextlib.suppress(Exception):
+                await t.destroy(sb)
+
+
+async def measure(
+    targets: list[Target], args: argparse.Namespace, skipped: list[str]
+) -> list[Result]:
+    results = {t.name: Result(target=t.name, note=t.note) for t in targets}
+    print(f"exec latency, {args.n} interleaved rounds over {len(targets)} targets ...", flush=True)
+    await exec_rounds(targets, results, args.n, skipped)
+    for t in targets:
+        if t.name not in results:
+            continue
+        print(f"create, destroy and concurrent execs: {t.name} ...", flush=True)
+        try:
+            await lifecycle(t, results[t.name], args.n, args.sandboxes, args.per_sandbox)
+        except Exception as e:  # report it; keep its exec figures
+            skipped.append(failed(t, e))
+        if t.failures:
+            results[t.name].note += f" ({len(t.failures)} calls failed and were retried)"
+    return list(results.values())
 
 
 def print_tables(results: list[Result], skipped: list[str]) -> None:
@@ -506,14 +554,7 @@ async def main(args: argparse.Namespace) -> None:
                 targets.insert(
                     3, remote_target(await stack.enter_async_context(sandbox_server(tmp)))
                 )
-            results = []
-            for t in [t for t in targets if t.name in wanted]:
-                print(f"measuring {t.name} ...", flush=True)
-                try:
-                    results.append(await measure(t, args.n, args.sandboxes, args.per_sandbox))
-                except Exception as e:  # report it; measure the others
-                    skipped.append(f"{t.name}: failed during the run ({type(e).__name__}: "
-                                   f"{str(e).splitlines()[0] if str(e) else ''})")  # fmt: skip
+            results = await measure([t for t in targets if t.name in wanted], args, skipped)
         print_tables(results, skipped)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
