@@ -416,8 +416,8 @@ class Trainer:
         if self.critic is not None:
             self.critic.load(str(path / "critic"))
         self.step_done, self.cursor = state.step, state.data_cursor
-        if self.cfg.algo.kl.controller == "adaptive":  # a fixed coef is the config's, as set now
-            self.kl_ctl.value = float(state.extra["kl_coef"])
+        if self.cfg.algo.kl.controller == "adaptive" and "kl_coef" in state.extra:
+            self.kl_ctl.value = float(state.extra["kl_coef"])  # a fixed coef is the config's
         self.sync_weights(state.weight_version)
         restore_rng(state.rng)
 
