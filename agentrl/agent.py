@@ -25,6 +25,7 @@ error_tool, RewardError -> error_reward, cancellation/deadline/abort -> aborted.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
@@ -327,6 +328,17 @@ class RolloutContext:
             raise EnvError(f"{self.sample.env_id}.step() failed: {type(e).__name__}: {e}") from e
         finally:
             self._add_env_time(time.perf_counter() - t0)
+        try:
+            reward = float(reward)
+        except (TypeError, ValueError):
+            raise EnvError(
+                f"{self.sample.env_id}.step() returned reward {reward!r}; expected a float"
+            ) from None
+        if not math.isfinite(reward):  # would poison the advantages of the whole batch
+            raise EnvError(
+                f"{self.sample.env_id}.step() returned a non-finite reward ({reward}); the "
+                "trajectory is kept as error_env and masked out of the loss"
+            )
         obs = [Message.coerce(m) for m in obs]
         self.messages.extend(obs)
         if action.tool_calls:  # the env ran them; tool.py reports failures as "Error: ..."

@@ -48,6 +48,7 @@ class RolloutStatus(StrEnum):
 
 _INFRA_FAILURES = frozenset(
     {
+        RolloutStatus.ERROR_ENV,  # a crash or a non-finite reward in env (or loop) code
         RolloutStatus.ERROR_SANDBOX,
         RolloutStatus.ERROR_INFERENCE,
         RolloutStatus.ERROR_REWARD,

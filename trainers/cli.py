@@ -3,6 +3,7 @@
     agentrl train recipes/quickstart.yaml train.steps=20 [--resume]   -> train_main -> Trainer.run
     agentrl sft   recipes/quickstart.yaml sft.steps=200               -> sft_main   -> <run_dir>/sft_model
     agentrl eval  recipes/quickstart.yaml --model runs/quickstart/hf  -> eval_main  -> eval/... metrics
+    agentrl train recipes/quickstart.yaml --seeds 0,1,2   -> one run per seed + mean +/- standard error
 
 Each ``*_main`` takes a recipe path and ``key=value`` overrides and returns a summary dict;
 the ``*_cmd`` functions are their typer commands (registered on the ``agentrl`` app).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,6 +37,7 @@ def train_main(
     overrides: list[str] | None = None,
     resume: bool = False,
     *,
+    command: str | None = None,
     modules: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run RL training (SFT warm-up first when ``sft.steps`` > 0); returns the run summary."""
@@ -43,7 +46,59 @@ def train_main(
 
     import_modules(modules or [])
     cfg = load_run_config(recipe, overrides)
-    return Trainer(cfg, resume=resume).run()
+    if command is None:
+        command = _command("train", recipe, overrides, ["--resume"] if resume else [])
+    return Trainer(cfg, resume=resume, command=command).run()
+
+
+def train_seeds_main(
+    recipe: str | Path | None,
+    seeds: list[int],
+    overrides: list[str] | None = None,
+    resume: bool = False,
+    modules: list[str] | None = None,
+) -> dict[str, Any]:
+    """One run per seed (``name=<name>-s<seed> seed=<seed>``), then their mean +/- standard error.
+
+    Writes ``<output_dir>/<name>-seeds/summary.json``: the per-seed summaries and, for the
+    eval before and after RL, the mean and the standard error over seeds.
+    """
+    from trainers.config import load_run_config
+    from trainers.eval import summarize_seeds
+
+    import_modules(modules or [])
+    cfg = load_run_config(recipe, overrides)
+    flag = f"--seeds {','.join(map(str, seeds))}"
+    command = _command("train", recipe, overrides, [flag, *(["--resume"] if resume else [])])
+    runs = []
+    for seed in seeds:
+        run_overrides = [*(overrides or []), f"name={cfg.name}-s{seed}", f"seed={seed}"]
+        logger.info("seed %d of %s: %s", seed, seeds, " ".join(run_overrides))
+        runs.append(train_main(recipe, run_overrides, resume, command=command))
+    return summarize_seeds(runs, Path(cfg.output_dir) / f"{cfg.name}-seeds", command=command)
+
+
+def _command(
+    verb: str, recipe: str | Path | None, overrides: list[str] | None, flags: list[str]
+) -> str:
+    """The ``agentrl`` command line that reproduces a run (kept in summary.json)."""
+    return shlex.join(
+        ["agentrl", verb, *([str(recipe)] if recipe else []), *(overrides or []), *flags]
+    )
+
+
+def _parse_seeds(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        seeds = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise AgentRLError(
+            f"--seeds takes integers separated by commas, e.g. --seeds 0,1,2; got {text!r}"
+        ) from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise AgentRLError(f"--seeds needs distinct integers, e.g. --seeds 0,1,2; got {text!r}")
+    return seeds
 
 
 def sft_main(
@@ -75,16 +130,48 @@ def eval_main(
     recipe: str | Path | None,
     model: str | Path,
     overrides: list[str] | None = None,
+    seeds: list[int] | None = None,
     modules: list[str] | None = None,
-) -> dict[str, float]:
-    """Evaluate an HF directory on the recipe's held-out eval samples (``eval.num_samples``)."""
+) -> dict[str, Any]:
+    """Evaluate an HF directory on the recipe's eval split (``eval.num_samples`` per seed).
+
+    With ``seeds``, the eval runs once per seed (``seed=<seed>``: the sampling seed of the
+    servers) and the result holds each seed's metrics plus the mean and standard error over
+    seeds of every ``eval/...`` metric.
+    """
     from trainers.config import load_run_config
-    from trainers.eval import evaluate_model
+    from trainers.eval import evaluate_model, mean_and_se
 
     import_modules(modules or [])
-    cfg = load_run_config(recipe, overrides)
-    with tempfile.TemporaryDirectory(prefix="agentrl-eval-") as logs:
-        return evaluate_model(cfg, model, log_dir=Path(logs))
+    if not seeds:
+        cfg = load_run_config(recipe, overrides)
+        with tempfile.TemporaryDirectory(prefix="agentrl-eval-") as logs:
+            return evaluate_model(cfg, model, log_dir=Path(logs))
+    per_seed: dict[str, dict[str, float]] = {}
+    for seed in seeds:
+        cfg = load_run_config(recipe, [*(overrides or []), f"seed={seed}"])
+        with tempfile.TemporaryDirectory(prefix="agentrl-eval-") as logs:
+            per_seed[str(seed)] = evaluate_model(cfg, model, log_dir=Path(logs))
+    keys = sorted(next(iter(per_seed.values())))
+    stats = {k: mean_and_se([m[k] for m in per_seed.values()]) for k in keys}
+    return {
+        "command": _command(
+            "eval", recipe, overrides, [f"--model {model}", f"--seeds {','.join(map(str, seeds))}"]
+        ),
+        "seeds": seeds,
+        "mean": {k: v[0] for k, v in stats.items()},
+        "se_over_seeds": {k: v[1] for k, v in stats.items()},
+        "per_seed": per_seed,
+    }
+
+
+Seeds = Annotated[
+    str | None,
+    typer.Option(
+        "--seeds",
+        help="Comma-separated seeds, e.g. 0,1,2: one run each, then mean +/- standard error.",
+    ),
+]
 
 
 def train_cmd(
@@ -93,10 +180,15 @@ def train_cmd(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest checkpoint.")
     ] = False,
+    seeds: Seeds = None,
     modules: Modules = None,
 ) -> None:
     """RL training (GRPO/PPO) from a recipe; key=value overrides; --resume continues a run."""
-    summary = train_main(recipe, overrides or [], resume, modules=modules)
+    seed_list = _parse_seeds(seeds)
+    if seed_list:
+        summary = train_seeds_main(recipe, seed_list, overrides or [], resume, modules)
+    else:
+        summary = train_main(recipe, overrides or [], resume, modules=modules)
     typer.echo(json.dumps(summary, indent=2))
 
 
@@ -109,10 +201,12 @@ def eval_cmd(
     recipe: Recipe,
     model: Annotated[Path, typer.Option("--model", help="HF model directory to evaluate.")],
     overrides: Overrides = None,
+    seeds: Seeds = None,
     modules: Modules = None,
 ) -> None:
-    """Evaluate a model directory on the recipe's envs (held-out seeds)."""
-    typer.echo(json.dumps(eval_main(recipe, model, overrides or [], modules), indent=2))
+    """Evaluate a model directory on the recipe's eval split (tasks disjoint from training)."""
+    result = eval_main(recipe, model, overrides or [], _parse_seeds(seeds), modules)
+    typer.echo(json.dumps(result, indent=2))
 
 
 app = typer.Typer(name="trainers", no_args_is_help=True, pretty_exceptions_enable=False)

@@ -39,6 +39,7 @@ from agentrl.logging import MetricsLogger
 from agentrl.registry import import_modules, load_entry_point
 from agentrl.reward import Rubric
 from agentrl.rollout.collector import CollectorConfig
+from agentrl.splits import check_fraction
 from agentrl.types import Sample
 from trainers.checkpoint import CheckpointManager
 from trainers.engines.megatron.config import MegatronConfig
@@ -56,7 +57,8 @@ class TinyModelConfig:
     intermediate_size: int = 0
     """0: 4 * hidden_size."""
     vocab_size: int = 1024
-    seed: int = 0
+    seed: int | None = None
+    """Seed of the random initialisation; None: the run's ``seed``."""
 
 
 @dataclass(kw_only=True)
@@ -76,19 +78,28 @@ class EnvEntry:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    """The training samples: sample i uses env ``envs[i % len(envs)]`` and a seed from ``seed``.
+    """The samples: sample i uses env ``envs[i % len(envs)]`` and a seed from ``seed``.
 
-    The data cursor (how many samples were drawn) is all a checkpoint needs to continue the
-    same sequence.
+    Train and eval samples come from content-disjoint splits of each env's tasks: a hash of the
+    task's content (``Env.task_key``, by default the prompt) puts ``eval_fraction`` of all tasks
+    in "eval" and the rest in "train" (``agentrl.splits``). SFT demonstrations and RL samples
+    draw from "train", evaluation from "eval", so no eval task is ever trained on, whatever the
+    seeds. The data cursor (how many samples were drawn) is all a checkpoint needs to continue
+    the same sequence.
     """
 
     envs: list[EnvEntry] = field(default_factory=list)
-    seed: int = 0
-    """Seed of sample 0; sample i of an env gets seed + i // len(envs) (mod num_seeds)."""
+    seed: int | None = None
+    """Seed of sample 0; sample i of an env gets seed + i // len(envs) (mod num_seeds).
+    None: derived from the run's ``seed`` (seed * 1_000_003), so runs with different seeds see
+    different task orders."""
     num_seeds: int = 0
-    """Distinct seeds (tasks) per env; 0: a fresh seed for every sample (never repeats)."""
-    eval_seed: int = 1_000_000
-    """Seed of the first eval sample; keep it far from ``seed`` so eval tasks are held out."""
+    """Distinct seeds per env; 0: a fresh seed for every sample (never repeats)."""
+    eval_fraction: float = 0.2
+    """Share of each env's tasks (by content hash) in the eval split, in (0, 1)."""
+    eval_seed: int = 1_000_000_000
+    """Seed of the first eval sample. Eval samples do not depend on the run's seed, so runs
+    with different seeds are evaluated on the same tasks."""
 
     def sample(self, index: int, *, eval: bool = False) -> Sample:
         """The ``index``-th sample of the (train or eval) stream; deterministic."""
@@ -96,10 +107,15 @@ class DataConfig:
         k = index // len(self.envs)
         if self.num_seeds and not eval:
             k %= self.num_seeds
-        seed = (self.eval_seed if eval else self.seed) + k
-        prefix = "eval" if eval else "train"
+        seed = (self.eval_seed if eval else (self.seed or 0)) + k
+        split = "eval" if eval else "train"
         return Sample(
-            env_id=entry.id, env_kwargs=dict(entry.kwargs), seed=seed, uid=f"{prefix}-{index}"
+            env_id=entry.id,
+            env_kwargs=dict(entry.kwargs),
+            seed=seed,
+            uid=f"{split}-{index}",
+            split=split,
+            eval_fraction=self.eval_fraction,
         )
 
 
@@ -225,9 +241,13 @@ class TrainConfig:
     """Training ranks (data parallel) of each model role."""
     num_cpus: int = 0
     """CPUs Ray may use (0: all it detects)."""
+    max_error_rate: float = 0.5
+    """A step in which more than this fraction of the rollouts failed in the machinery (env,
+    tool, sandbox, reward or inference errors, non-finite rewards; all masked out of the loss)
+    logs a warning."""
     max_failed_steps: int = 3
-    """Stop the run (TrainingError) after this many consecutive steps in which every rollout
-    failed in the machinery (inference, sandbox, reward, abort); 0 never stops."""
+    """Stop the run (TrainingError) after this many consecutive steps above
+    ``train.max_error_rate`` (or with every rollout failed); 0 never stops."""
 
 
 @dataclass(kw_only=True)
@@ -344,6 +364,12 @@ class RunConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
+    def __post_init__(self) -> None:
+        if self.data.seed is None:
+            self.data.seed = self.seed * 1_000_003
+        if self.model.tiny.seed is None:
+            self.model.tiny.seed = self.seed
+
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name
@@ -359,6 +385,7 @@ class RunConfig:
 def _validate_shapes(cfg: RunConfig) -> None:
     if not cfg.data.envs:
         raise ConfigError("data.envs is empty; add one, e.g. data.envs=[{id: arith/Calculator-v0}]")
+    check_fraction(cfg.data.eval_fraction)
     t, r = cfg.train, cfg.rollout
     r.validate()
     for key, v in (
@@ -389,6 +416,11 @@ def _validate_shapes(cfg: RunConfig) -> None:
             "raise train.mini_batch_size or rollout.group_size."
         )
     cfg.inference.validate()
+    if not 0.0 <= t.max_error_rate < 1.0:
+        raise ConfigError(
+            f"train.max_error_rate must be in [0, 1), got {t.max_error_rate}; e.g. 0.5 warns "
+            "when more than half of a step's rollouts failed"
+        )
     if cfg.sft.steps and cfg.sft.batch_size < t.world_size:
         raise ConfigError(
             f"sft.batch_size ({cfg.sft.batch_size}) must be >= train.world_size ({t.world_size})"

@@ -51,7 +51,7 @@ from agentrl.config import to_yaml
 from agentrl.distributed import ResourcePool, WorkerGroup, init_ray_local
 from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError, TrainingError
-from agentrl.logging import MetricsLogger, Timer, mean_metrics
+from agentrl.logging import MetricsLogger, Timer, mean_metrics, read_jsonl
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.types import RolloutStatus, Trajectory, TrajectoryGroup
 from trainers.checkpoint import (
@@ -73,9 +73,10 @@ logger = logging.getLogger(__name__)
 class Trainer:
     """Runs one RL training run described by a RunConfig. ``Trainer(cfg).run()`` -> summary."""
 
-    def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, command: str | None = None) -> None:
         self.cfg = cfg
         self.resume = resume
+        self.command = command  # the CLI line that started the run, kept in summary.json
         self.run_dir = cfg.run_dir
         self.ckpt = CheckpointManager(cfg.checkpoint, self.run_dir)
         self.timer = Timer()
@@ -95,13 +96,27 @@ class Trainer:
         t0 = time.perf_counter()
         try:
             self.setup()
-            before = self.evaluate("before") if self.step_done == 0 else {}
+            before = self.evaluate_once("before", step=0)
             while self.step_done < self.cfg.train.steps:
                 self.step()
-            after = self.evaluate("after")
+            after = self.evaluate_once("after", step=self.step_done)
             return self.finish(before, after, time.perf_counter() - t0)
+        except (KeyboardInterrupt, SystemExit):
+            logger.warning("stopped after %d of %d RL steps; %s", self.step_done,
+                           self.cfg.train.steps, self.resume_hint())  # fmt: skip
+            raise
         finally:
             self.close()
+
+    def resume_hint(self) -> str:
+        """How to continue this run from its latest checkpoint."""
+        latest = self.ckpt.latest()
+        if latest is None:
+            return "no checkpoint was written yet (checkpoint.every), so a rerun starts over"
+        command = self.command or f"agentrl train <recipe> name={self.cfg.name}"
+        if "--resume" not in command.split():
+            command += " --resume"
+        return f"continue from {latest} with: {command}"
 
     def setup(self) -> None:
         cfg = self.cfg
@@ -141,6 +156,7 @@ class Trainer:
             metrics |= self.advantages(batch)
         with self.timer.time("update"):
             metrics |= self.update(batch)
+        _report_skipped_updates(metrics, step)
         if self.ref is not None:  # the coefficient of the next step (adaptive controller)
             self.kl_ctl.update(metrics["train/kl"], n_steps=int(batch.sample_mask.sum()))
         with self.timer.time("sync"):
@@ -160,25 +176,37 @@ class Trainer:
         return metrics
 
     def _check_rollouts(self, groups: list[TrajectoryGroup], step: int) -> None:
-        """Warn when every rollout of a step failed in the machinery; stop when it persists.
+        """Warn when too many rollouts of a step failed in the machinery; stop when it persists.
 
-        Such a step trains on nothing (failed rollouts are masked out), so a broken server
-        would otherwise let the run go on, learning nothing, until its last step.
+        Failed rollouts (env errors, non-finite rewards, dead servers, ...) are masked out of
+        the loss, so a step where most of them failed trains on the few that did not, and a
+        broken env or server would otherwise let the run go on, learning little or nothing,
+        until its last step. Above ``train.max_error_rate`` a step warns; after
+        ``train.max_failed_steps`` such steps in a row the run stops.
         """
         trajs = [t for g in groups for t in g.trajectories]
-        if not trajs or not all(t.status.is_infra_failure for t in trajs):
+        failed = [t for t in trajs if t.status.is_infra_failure]
+        t_cfg = self.cfg.train
+        if not trajs or (
+            len(failed) / len(trajs) <= t_cfg.max_error_rate and len(failed) < len(trajs)
+        ):
             self.failed_steps = 0
             return
         self.failed_steps += 1
-        errors = Counter(f"{t.status.value}: {t.error or 'no message'}" for t in trajs)
+        errors = Counter(f"{t.status.value}: {t.error or 'no message'}" for t in failed)
         ((top, n),) = errors.most_common(1)
-        limit = self.cfg.train.max_failed_steps
-        logger.warning("step %d: all %d rollouts failed (%d x %s)", step, len(trajs), n, top)
+        limit = t_cfg.max_failed_steps
+        logger.warning(
+            "step %d: %d of %d rollouts failed and are masked out (train.max_error_rate=%s); "
+            "most common (%d x): %s",
+            step, len(failed), len(trajs), t_cfg.max_error_rate, n, top,
+        )  # fmt: skip
         if limit and self.failed_steps >= limit:
             raise TrainingError(
-                f"every rollout failed in {self.failed_steps} consecutive steps (train."
-                f"max_failed_steps={limit}); the most common failure ({n} of {len(trajs)}) was: "
-                f"{top}. Check the server logs in {self.run_dir / 'logs'}."
+                f"more than train.max_error_rate={t_cfg.max_error_rate} of the rollouts failed "
+                f"in {self.failed_steps} consecutive steps (train.max_failed_steps={limit}); "
+                f"in the last one {len(failed)} of {len(trajs)}, most often ({n}x): {top}. "
+                f"Check the env and the server logs in {self.run_dir / 'logs'}."
             )
 
     def collect(self) -> tuple[list[TrajectoryGroup], dict[str, float]]:
@@ -422,6 +450,24 @@ class Trainer:
         restore_rng(state.rng)
 
     # ------------------------------------------------------------------ eval and the end
+    def evaluate_once(self, label: str, *, step: int) -> dict[str, float]:
+        """The eval logged at ``step`` (0: before RL), run only if metrics.jsonl lacks it.
+
+        A resumed run reuses the "before" eval of its first session, and a finished run
+        resumed again reuses its "after" eval, so its summary and plot equal an
+        uninterrupted run's and no eval row is written twice.
+        """
+        path = self.run_dir / "metrics.jsonl"
+        if path.exists():
+            for row in read_jsonl(path):
+                if row["step"] == step and "eval/reward_mean" in row:
+                    return {k: v for k, v in row.items() if k.startswith("eval/")}
+        m = self.evaluate(label)
+        if m:
+            assert self.metrics_log is not None
+            self.metrics_log.log(m, step)
+        return m
+
     def evaluate(self, label: str) -> dict[str, float]:
         if not self.cfg.eval.num_samples:
             return {}
@@ -442,11 +488,9 @@ class Trainer:
         if self.cfg.checkpoint.export_hf:
             hf_dir = self.run_dir / "hf"
             self.actor.export_hf(str(hf_dir))
-        assert self.metrics_log is not None
-        if after:
-            self.metrics_log.log(after, self.step_done)
         return write_report(self.run_dir, before=before, after=after, wall_s=wall_s,
-                            steps=self.step_done, hf_dir=hf_dir)  # fmt: skip
+                            steps=self.step_done, hf_dir=hf_dir, seed=self.cfg.seed,
+                            command=self.command, eval_fraction=self.cfg.data.eval_fraction)  # fmt: skip
 
     def close(self) -> None:
         if self.fleet is not None:  # first: server processes outlive a driver that dies here
@@ -481,6 +525,20 @@ def _trajectory_lengths(batch: TrainBatch) -> torch.Tensor:
     per_row = batch.loss_mask.sum(-1)
     per_traj = torch.zeros(len(index), dtype=per_row.dtype).index_add_(0, traj, per_row)
     return per_traj[traj]
+
+
+def _report_skipped_updates(metrics: dict[str, float], step: int) -> None:
+    """A warning that names why optimizer steps of this RL step were skipped (weights kept)."""
+    from trainers.engines.torch_native import SKIP_REASONS
+
+    share = metrics.get("train/skipped_step", 0.0)
+    if not share:
+        return
+    why = [text for r, text in SKIP_REASONS.items() if metrics.get(f"train/skipped_{r}", 0.0)]
+    logger.warning(
+        "step %d: %.0f%% of the policy's optimizer steps were skipped, weights unchanged for "
+        "them: %s", step, 100 * share, "; ".join(why) or "see train/skipped_* metrics",
+    )  # fmt: skip
 
 
 def pool_config(cfg: RunConfig) -> ResourcePool.Config:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,16 +27,42 @@ from trainers.serving import Fleet
 logger = logging.getLogger(__name__)
 
 _SHOWN = ("reward_mean", "success_rate", "response_len_mean", "turns_mean", "tool_error_rate")
+_STATS = ("n", "num_tasks", "success_se", "reward_se")
 
 
 def eval_metrics(fleet: Fleet, cfg: RunConfig, template: ChatTemplate) -> dict[str, float]:
-    """``eval.num_samples`` held-out rollouts (one per sample) -> ``eval/...`` metrics."""
+    """``eval.num_samples`` rollouts (one per sample) on the eval split -> ``eval/...`` metrics.
+
+    Besides the rollout metrics: ``eval/n`` (trajectories), ``eval/success_se`` and
+    ``eval/reward_se`` (standard errors of the means), ``eval/num_tasks`` (distinct tasks).
+    """
     ecfg = replace(cfg.rollout, group_size=1, temperature=cfg.eval.temperature)
     collector = fleet.collector(ecfg, template)
     samples = [cfg.data.sample(i, eval=True) for i in range(cfg.eval.num_samples)]
     groups = fleet.collect(collector, samples)
+    trajs = [t for g in groups for t in g.trajectories]
     m = RolloutCollector.metrics(groups)
-    return {"eval/" + k.partition("/")[2]: v for k, v in m.items()}
+    out = {"eval/" + k.partition("/")[2]: v for k, v in m.items()}
+    successes = [float(t.metrics.get("success", float(t.reward > 0))) for t in trajs]
+    out["eval/n"] = float(len(trajs))
+    out["eval/success_se"] = standard_error(successes)
+    out["eval/reward_se"] = standard_error([t.reward for t in trajs])
+    out["eval/num_tasks"] = float(len({t.messages[0].text for t in trajs if t.messages}))
+    return out
+
+
+def standard_error(xs: list[float]) -> float:
+    """Standard error of the mean of ``xs`` (sample standard deviation / sqrt(n)); 0 for n < 2."""
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    mean = sum(xs) / n
+    return math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1) / n)
+
+
+def mean_and_se(xs: list[float]) -> tuple[float, float]:
+    """Mean and standard error over independent runs (seeds)."""
+    return (sum(xs) / len(xs) if xs else float("nan")), standard_error(xs)
 
 
 def evaluate_model(cfg: RunConfig, model: str | Path, *, log_dir: Path) -> dict[str, float]:
@@ -56,17 +83,31 @@ def write_report(
     wall_s: float,
     steps: int,
     hf_dir: Path | None,
+    seed: int | None = None,
+    command: str | None = None,
+    eval_fraction: float | None = None,
 ) -> dict[str, Any]:
-    """summary.json + reward_curve.png under ``run_dir``; prints the before/after table."""
+    """summary.json + reward_curve.png under ``run_dir``; prints the before/after table.
+
+    The summary records how to reproduce it (``command``, ``seed``) and, with each eval, its
+    size (``n`` trajectories over ``num_tasks`` distinct eval-split tasks) and standard errors.
+    """
     rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
     train = [r for r in rows if r.get("rollout/reward_mean") is not None]
     summary: dict[str, Any] = {
         "run_dir": str(run_dir),
+        "command": command,
+        "seed": seed,
         "steps": steps,
         "wall_time_s": wall_s,
         "hf_dir": str(hf_dir) if hf_dir else None,
-        "eval_before": {k: before.get(f"eval/{k}") for k in _SHOWN} if before else None,
-        "eval_after": {k: after.get(f"eval/{k}") for k in _SHOWN} if after else None,
+        "eval_split": (
+            {"fraction": eval_fraction, "disjoint_from_train_by": "task content"}
+            if eval_fraction is not None
+            else None
+        ),
+        "eval_before": _eval_entry(before),
+        "eval_after": _eval_entry(after),
         "train_reward_first": train[0]["rollout/reward_mean"] if train else None,
         "train_reward_last": train[-1]["rollout/reward_mean"] if train else None,
     }
@@ -77,6 +118,45 @@ def write_report(
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)
     return summary
+
+
+def summarize_seeds(runs: list[dict[str, Any]], out_dir: Path, *, command: str) -> dict[str, Any]:
+    """Mean and standard error over seeds of the runs' before/after evals -> ``summary.json``.
+
+    Each run contributes one number per metric (its eval mean), so the standard error is over
+    seeds (independent training runs), the honest spread of a learning claim.
+    """
+    summary: dict[str, Any] = {"command": command, "seeds": [r.get("seed") for r in runs]}
+    for when in ("eval_before", "eval_after"):
+        evals = [r[when] for r in runs if r.get(when)]
+        if len(evals) != len(runs):
+            summary[when] = None
+            continue
+        summary[when] = {
+            k: dict(zip(("mean", "se"), mean_and_se([float(e[k]) for e in evals]), strict=True))
+            for k in ("success_rate", "reward_mean")
+        } | {"n_per_seed": evals[0].get("n"), "num_tasks_per_seed": evals[0].get("num_tasks")}
+    summary["runs"] = [
+        {
+            k: r.get(k)
+            for k in ("run_dir", "seed", "steps", "wall_time_s", "eval_before", "eval_after")
+        }
+        for r in runs
+    ]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    b, a = summary["eval_before"], summary["eval_after"]
+    if b and a:
+        logger.info(
+            "%d seeds: eval success %.1f%% +/- %.1f -> %.1f%% +/- %.1f (mean +/- standard error)",
+            len(runs), 100 * b["success_rate"]["mean"], 100 * b["success_rate"]["se"],
+            100 * a["success_rate"]["mean"], 100 * a["success_rate"]["se"],
+        )  # fmt: skip
+    return summary
+
+
+def _eval_entry(m: dict[str, float]) -> dict[str, float | None] | None:
+    return {k: m.get(f"eval/{k}") for k in (*_SHOWN, *_STATS)} if m else None
 
 
 def plot_rewards(
@@ -122,11 +202,21 @@ def _print_summary(summary: dict[str, Any]) -> None:
     for k in _SHOWN:
         table.add_row(f"eval/{k}", _fmt(b.get(k)), _fmt(a.get(k)))
     table.add_row(
+        "eval success standard error", _fmt(b.get("success_se")), _fmt(a.get("success_se"))
+    )
+    table.add_row("eval trajectories (distinct tasks)", _count(b), _count(a))
+    table.add_row(
         "train reward (first/last step)",
         _fmt(summary["train_reward_first"]),
         _fmt(summary["train_reward_last"]),
     )
     Console(stderr=True).print(table)
+
+
+def _count(m: dict[str, Any]) -> str:
+    if m.get("n") is None:
+        return "-"
+    return f"{m['n']:.0f} ({m.get('num_tasks') or 0:.0f})"
 
 
 def _fmt(v: float | None) -> str:

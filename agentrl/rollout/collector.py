@@ -263,9 +263,13 @@ class RolloutCollector:
             err = f"rubric failed: {type(e).__name__}: {e}"
         for i, t in enumerate(scored):
             r = results[i] if results is not None else None
-            if r is None or r.error:
+            if r is None or r.error or not math.isfinite(r.total):
                 t.status = RolloutStatus.ERROR_REWARD
-                t.error = r.error if r is not None else err
+                t.error = (
+                    (r.error or f"rubric gave a non-finite reward ({r.total})")
+                    if r is not None
+                    else err
+                )
                 continue
             t.reward = r.total
             t.reward_components.update(r.components)

@@ -39,3 +39,64 @@ def test_agent_failures_do_not_count_and_zero_disables(tmp_path: Path) -> None:
     assert trainer.failed_steps == 5  # counted, never raised
     trainer._check_rollouts(_groups(RolloutStatus.ERROR_TOOL), 6)  # the agent's failure: learnable
     assert trainer.failed_steps == 0
+
+
+def _mixed(failed: int, total: int = 4) -> list[TrajectoryGroup]:
+    trajs = [
+        Trajectory(
+            sample=Sample(env_id="e"),
+            status=RolloutStatus.ERROR_ENV if i < failed else RolloutStatus.COMPLETED,
+            error="EnvError: boom" if i < failed else None,
+        )
+        for i in range(total)
+    ]
+    return [TrajectoryGroup(uid="g", trajectories=trajs)]
+
+
+def test_steps_mostly_of_env_errors_warn_then_stop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = load_run_config("recipes/quickstart.yaml", [f"output_dir={tmp_path}"])
+    trainer = Trainer(cfg)
+    trainer._check_rollouts(_mixed(1), 1)  # 25%: below train.max_error_rate=0.5
+    assert trainer.failed_steps == 0 and not caplog.records
+    trainer._check_rollouts(_mixed(3), 2)
+    assert "3 of 4 rollouts failed" in caplog.text and "boom" in caplog.text
+    trainer._check_rollouts(_mixed(3), 3)
+    with pytest.raises(TrainingError, match=r"train\.max_error_rate=0\.5.*3 of 4"):
+        trainer._check_rollouts(_mixed(3), 4)
+
+
+def test_a_non_finite_env_reward_is_an_env_error_not_a_number() -> None:
+    import asyncio
+
+    from agentrl.agent import RolloutContext
+    from agentrl.chat import ChatTemplate
+    from agentrl.env import Env
+    from agentrl.errors import EnvError
+    from agentrl.rollout.testing import ScriptedGenerator
+    from agentrl.tiny import build_tokenizer
+    from agentrl.types import Message, user
+
+    class NaNReward(Env):
+        def reset(self, *, seed=None, options=None):  # type: ignore[no-untyped-def,override]
+            super().reset(seed=seed)
+            return [user("hi")], {}
+
+        def step(self, action):  # type: ignore[no-untyped-def,override]
+            return [], float("nan"), True, False, {}
+
+    template = ChatTemplate(build_tokenizer())
+    ctx = RolloutContext(
+        sample=Sample(env_id="nan"),
+        generator=ScriptedGenerator(template, ["x"]),
+        template=template,
+        env=NaNReward(),
+    )
+
+    async def episode() -> None:
+        await ctx.reset()
+        await ctx.step(Message(role="assistant", content="x"))
+
+    with pytest.raises(EnvError, match="non-finite reward"):
+        asyncio.run(episode())
