@@ -7,7 +7,8 @@ The container runs ``sleep infinity`` under Docker's init, with: no network
 (``network_mode="none"``; ``allow_network=True`` gives the host network), a read-only root
 filesystem, a tmpfs ``/tmp``, the workspace bind-mounted from a host dir (``{root_dir}/{name}/ws``,
 so ``template_dir`` and ``snapshot()`` copy with ``cp --reflink=auto`` like the local backend),
-an unprivileged user, all capabilities dropped, ``no-new-privileges``, memory/pids/CPU limits
+commands as an unprivileged user (the init and ``sleep`` as root, so commands cannot signal
+them and stop the container), all capabilities dropped, ``no-new-privileges``, memory/pids/CPU limits
 and CPU-time/file-size/open-files ulimits. ``runtime="runsc"`` runs it under gVisor.
 
 Each ``exec`` runs ``timeout --kill-after=2 <t> argv`` inside (exit 124 = timed out), carries a
@@ -398,7 +399,7 @@ def _run_container(client: Any, c: DockerSandbox.Config, name: str, ws: Path) ->
             nano_cpus=int(c.cpus * 1e9), ulimits=[Ulimit(name=k, soft=v, hard=v) for k, v in limit],
             read_only=True, tmpfs={"/tmp": f"size={c.tmp_size_mb}m,mode=1777"},
             mounts=[Mount(target="/workspace", source=str(ws), type="bind")],
-            user=c.user, working_dir="/workspace", cap_drop=["ALL"],
+            user="0:0", working_dir="/workspace", cap_drop=["ALL"],  # execs run as c.user
             security_opt=["no-new-privileges"], labels={LABEL: name},
             environment={"PATH": _PATH},
         )  # fmt: skip

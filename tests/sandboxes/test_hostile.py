@@ -319,3 +319,80 @@ async def test_disk_cap_holds_for_workspace_and_tmp(make: MakeSandbox, backend: 
     await sb.exec("rm -f big.bin", timeout_s=10)
     await sb.write_file("small.txt", "fits")  # space comes back
     assert await sb.read_file("small.txt") == b"fits"
+
+
+SIGNAL_ALL = """
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+me, hits = int(os.readlink("/proc/self")), []  # our pid as this /proc numbers it
+for d in os.listdir("/proc"):
+    if not d.isdigit() or int(d) == me:
+        continue
+    try:
+        os.kill(int(d), signal.SIGKILL)
+        hits.append("kill " + d)
+    except OSError:
+        pass
+    try:  # a /proc/<pid> directory fd works as a pidfd for pidfd_send_signal
+        fd = os.open("/proc/" + d, os.O_RDONLY | os.O_DIRECTORY)
+        if libc.syscall(424, fd, signal.SIGKILL, None, 0) == 0:
+            hits.append("pidfd " + d)
+        os.close(fd)
+    except OSError:
+        pass
+print("tried", len(os.listdir("/proc")), "hits", " ".join(hits))
+"""
+
+
+async def test_signals_cannot_reach_the_agent_or_init(make: MakeSandbox) -> None:
+    """SIGKILL to every pid in /proc, by number and through /proc/<pid> descriptors: the exec
+    agent (local) and the container's init (docker) survive, and the sandbox still works."""
+    sb = await make()
+    slot = getattr(sb, "_agent", None)
+    agent_pid = slot.agent.cmd.proc.pid if slot is not None and slot.agent else None
+    await sb.write_file("sig.py", SIGNAL_ALL)
+    r = await sb.exec(["python3", "sig.py"], timeout_s=30)
+    assert "tried" in r.stdout, r.stderr
+    for _ in range(3):
+        assert (await sb.exec("echo alive", timeout_s=10)).stdout == "alive\n"
+    if agent_pid is not None:
+        assert slot is not None and slot.agent is not None and slot.agent.cmd.proc.pid == agent_pid
+    assert await sb.is_alive()
+
+
+async def test_host_information_through_proc_and_sys(make: MakeSandbox, backend: str) -> None:
+    """/proc lists only the sandbox's processes, /proc and /sys are read-only, kernel
+    addresses read as zero, and (local) /sys is not there at all. The kernel's version and
+    the machine's CPU and memory totals stay visible (a shared kernel; see the threat model)."""
+    sb = await make()
+    writes = ["/proc/sysrq-trigger", "/proc/sys/kernel/sysrq", "/sys/kernel/uevent_helper",
+              "/proc/sys/vm/drop_caches"]  # fmt: skip
+    r = await sb.exec(
+        "".join(f"(echo 1 > {w}) 2>/dev/null && echo WROTE {w}; " for w in writes)
+        + "head -c 1 /proc/kcore 2>/dev/null && echo READ kcore; "
+        "grep -v '^0000000000000000' /proc/kallsyms 2>/dev/null | head -3; echo done",
+        timeout_s=30,
+    )
+    assert r.stdout == "done\n", r.stdout
+    sys_listing = (await sb.exec("ls /sys", timeout_s=10)).stdout.split()
+    if backend == "local":
+        assert sys_listing == []  # not mounted at all
+    pids = (await sb.exec("ls /proc | grep -c '^[0-9]'", timeout_s=10)).stdout.strip()
+    assert int(pids) < 16  # the sandbox's own few processes, never the host's hundreds
+
+
+async def test_zombies_of_a_command_are_reaped(make: MakeSandbox) -> None:
+    sb = await make(pids_max=128)
+    script = (
+        "import os, time\n"
+        "for _ in range(100):\n"
+        "    if os.fork() == 0:\n"
+        "        os._exit(0)\n"
+        "print('zombies', len([d for d in os.listdir('/proc') if d.isdigit()]))\n"
+    )
+    r = await sb.exec(["python3", "-c", script], timeout_s=30)
+    assert "zombies" in r.stdout, r.stderr
+    count = "grep -l '^[0-9]* ([^)]*) Z' /proc/[0-9]*/stat 2>/dev/null | wc -l"
+    assert (await sb.exec(count, timeout_s=10)).stdout.strip() == "0"
+    usage = await sb.pids_in_use()
+    assert usage is None or usage[0] < 16
