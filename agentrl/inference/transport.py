@@ -9,13 +9,15 @@ Two implementations, chosen by ``InferenceClient.Config.transport``:
   first use (a client may be built outside a loop, or used from a second one).
 - ``httpx2``: the client's ``httpx2.AsyncClient`` (the one control calls and weight sync use).
 
-Why aiohttp carries the hot path: against one loopback server that returns a canned
-``/generate`` body (``python benchmarks/rollout_overhead.py``, 2 shared cores), a raw httpx2
-client spent 0.73-0.99 ms of CPU per request and took 4.4 s to finish 2,000 requests sent at
-once; a raw aiohttp client spent 0.17-0.36 ms and took 1.8 s. httpx2's cost is its
-anyio/httpcore2 layering (several task switches and per-request objects), not anything agentrl
-can avoid on top of it. Control calls (pause, weight sync, checksums) stay on httpx2: they are
-rare, and the weight-sync paths stream bodies through it.
+Why aiohttp carries the hot path (measured, not assumed): ``python
+benchmarks/rollout_overhead.py`` times clients against one loopback server that answers every
+``/generate`` with a canned body, so only the client is timed. On 2 shared CPU cores, two runs
+of 5 rounds: raw httpx2 spent 1.13-2.34 ms of CPU per request and needed 18-72 s to finish
+2,000 requests sent at once; raw aiohttp spent 0.27-0.45 ms and needed 2.0-10.0 s; this
+client on aiohttp 0.27-0.40 ms and 2.5-7.4 s (on httpx2, before: 1.57-2.33 ms, 24-53 s). The
+gap is inside the libraries (the same bytes cross the same connection), so no amount of care
+on top of httpx2 closes it. Control calls (pause, health, weight sync, checksums) stay on
+httpx2: they are rare, and the weight-sync paths stream bodies through it.
 """
 
 from __future__ import annotations
