@@ -26,7 +26,7 @@ from agentrl.sandbox import OutputCap, SandboxProcess
 
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="agentrl-docker")
 
-# Inside the container, every exec and every long-lived process runs under this reaper: a
+# Inside the container, every long-lived process (a session) runs under this reaper: a
 # child subreaper (PR_SET_CHILD_SUBREAPER), so what its command leaves behind (double forks,
 # `setsid`, `env -i`) is re-parented to it, not to the container's init; when the command
 # exits it SIGKILLs whatever is left, round after round, then exits with the command's status.
@@ -221,21 +221,25 @@ def in_container(pid: int, container_id: str) -> bool:
         return False
 
 
-def kill_orphans(init_pid: int, keep: set[int], container_id: str) -> int:
-    """SIGKILL children of the container's init other than ``keep`` (its main process): every
-    exec and session runs under a reaper, so these are what a killed reaper left behind."""
+def kill_orphans(init_pid: int, keep: set[int], container_id: str, rounds: int = 20) -> int:
+    """SIGKILL children of the container's init other than ``keep`` (its main process), and
+    their descendants: sessions run under a reaper, so these are what execs left behind (or
+    what a session left after a command killed its reaper)."""
     n = 0
     if not in_container(init_pid, container_id):
         return 0
-    try:
-        orphans = [p for p in psutil.Process(init_pid).children() if p.pid not in keep]
-    except psutil.Error:
-        return 0
-    for p in orphans:
-        for q in [p, *_safe_children(p)]:
-            with contextlib.suppress(psutil.Error):
-                q.kill()
-                n += 1
+    for _ in range(rounds):  # again while an orphan's children fork between listing and kill
+        try:
+            orphans = [p for p in psutil.Process(init_pid).children() if p.pid not in keep]
+        except psutil.Error:
+            return n
+        if not orphans:
+            return n
+        for p in orphans:
+            for q in [*_safe_children(p), p]:
+                with contextlib.suppress(psutil.Error):
+                    q.kill()
+                    n += 1
     return n
 
 
