@@ -210,3 +210,37 @@ async def test_sandbox_root_is_masked_when_under_a_visible_path(
     )
     assert "b-only" not in r.stdout
     assert r.stdout.strip() == ""
+
+
+KILLED_WITH_DISK = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from agentrl.sandbox import make_sandbox, new_name
+    async def main():
+        sb = await make_sandbox("local", name=new_name(sys.argv[1]), root_dir=sys.argv[2],
+                                disk_mb=16)
+        await sb.write_file("f.txt", "x")
+        print("ready", sb.home, flush=True)
+        os._exit(0)  # die with the capped filesystem still mounted
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a capped filesystem needs root")
+async def test_sweep_unmounts_the_capped_disk_of_a_killed_run(sandbox_root: str) -> None:
+    from sandboxes.local import LocalSandbox
+
+    prefix = f"agentrl-kdisk{os.getpid()}-"
+    try:
+        out = subprocess.run([sys.executable, "-c", KILLED_WITH_DISK, prefix, sandbox_root],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "ready" in out.stdout, out.stderr
+        home = Path(out.stdout.split()[1])
+        assert os.path.ismount(home) and home.with_name(home.name + ".img").exists()
+    finally:
+        report = await sweep("local", prefix, LocalSandbox.Config(root_dir=sandbox_root))
+    assert report.dirs == 1
+    assert not os.path.ismount(home) and not home.exists()
+    assert not home.with_name(home.name + ".img").exists()
+    assert str(home) not in Path("/proc/mounts").read_text()
