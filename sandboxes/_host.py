@@ -137,9 +137,9 @@ async def bwrap_works(uid: int | None, allow_network: bool, ro_paths: list[str])
 _warned: set[str] = set()
 
 
-def report_isolation(require: bool, bwrap: bool, cg_reason: str | None) -> None:
+def report_isolation(require: bool, bwrap: bool, cg_reason: str | None, extra: str = "") -> None:
     """Log (once) or raise what isolation is missing."""
-    missing = []
+    missing = [extra] if extra else []
     if not bwrap:
         missing.append(
             "no bubblewrap: commands see the whole host filesystem (other sandboxes included), "

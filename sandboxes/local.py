@@ -23,7 +23,9 @@ returns, the pid namespace dies with it: background processes do not outlive an 
 Long-lived processes (a bash session) use ``start_process``.
 
 Limits: memory and pids on the sandbox cgroup (all its commands together); CPU seconds, file size
-and open files per process through rlimits. A timeout kills the chain and everything in the
+and open files per process through rlimits; with ``disk_mb`` the workspace and /tmp live on
+their own capped filesystem (``_disk.py``). Syscalls go through a seccomp filter
+(``_seccomp.py``: bwrap ``--seccomp`` for chains, the exec agent installs it per command). A timeout kills the chain and everything in the
 command's cgroup. Without bubblewrap or cgroups the sandbox logs a WARNING naming what is
 missing and runs a plain subprocess with rlimits (``require_isolation=True`` raises instead).
 Files move through the sandbox's own processes (``cat``, ``tar``), never by host-side path
@@ -37,6 +39,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import platform
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +131,9 @@ class LocalSandbox(ExecFileOps):
         self._closed = False
         self._isolation = Chain(config=config, home=home, uid=uid, bwrap=bwrap)
         self._seccomp = _seccomp.program(config.seccomp_allow) if bwrap and config.seccomp else None
+        if bwrap and config.seccomp and self._seccomp is None:
+            report_isolation(config.require_isolation, True, None,
+                             extra=f"no syscall filter for {platform.machine()}")  # fmt: skip
         use_agent = config.exec_agent and bwrap and cg is not None
         self._agent = AgentSlot(name, self._start_agent, cg, enabled=use_agent)
 
