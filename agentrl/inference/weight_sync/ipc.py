@@ -6,11 +6,12 @@
            into its parameters between two decode steps, set the version, drop the mapping
 
 Each tensor is copied twice in all: into the shared buffer, then into the served parameters.
-With ``Config.checksum="sum64"`` the trainer's checksum of each tensor is summed right after
-the tensor is copied, while it is still in the CPU's last-level cache (a 0.5B model's largest
-tensor is 11.5 MB), so ``verify`` has no trainer-side pass over memory left to make. (Summing
-in 1-16 MiB pieces between copies was 2-4x slower on a loaded 2-core machine: every piece is
-one more parallel region that waits for its slowest thread.)
+With ``Config.eager_checksums`` and ``Config.checksum="sum64"`` each tensor is summed right
+after its copy, while it is still in the CPU's last-level cache (a 0.5B model's largest tensor
+is 11.5 MB), instead of in a pass of its own. By default the sums wait for ``verify``, which
+computes them while the server computes its own: on a loaded 2-core machine summing during
+the write made the write 2-3x slower, more than verify gained (``benchmarks/weight_sync.py
+--paths ipc ipc-eager``).
 The memfd has no name in /dev/shm or anywhere else: it lives as long as this sync holds it
 open (``close()``, or the trainer process exiting), so nothing is left behind after a crash.
 It is kept between pushes, so later pushes write into pages that are already mapped (about
@@ -100,7 +101,7 @@ class IPCWeightSync(WeightSync):
             layout.append((parts, offset, length))
             offset += length + (-length % _ALIGN)
         buf = self._buffer(max(offset, _ALIGN))  # mmap refuses an empty file
-        summing = self._sums.kind == "sum64"
+        summing = self.cfg.eager_checksums and self._sums.kind == "sum64"
         for parts, start, _ in layout:
             for part in parts:
                 n = memoryview(part).nbytes
