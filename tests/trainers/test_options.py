@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from test_driver import RECIPE
 
+from agentrl.batch import TrainBatch
 from agentrl.config import to_yaml
 from agentrl.errors import ConfigError
 from agentrl.logging import read_jsonl
-from agentrl.types import RolloutStatus, Trajectory
+from agentrl.types import RolloutStatus, Sample, Segment, Trajectory, TrajectoryGroup
 from trainers.cli import train_main
 from trainers.config import load_run_config
 from trainers.driver import Trainer
@@ -170,6 +171,37 @@ def test_training_guide_option_snippets_validate(
         assert to_yaml(load_run_config(recipe, [ENV])) != default  # unknown keys fail to load
     rubric = load_run_config(tmp_path / "fragment0.yaml", [ENV]).reward.build_rubric()
     assert rubric is not None and [e.weight for e in rubric.entries] == [1.0, 0.1, 0.0]
+
+
+def test_overlong_counts_every_segment_of_a_trajectory(tmp_path: Path) -> None:
+    """The penalty is by the generated tokens of the whole trajectory (all its rows); the
+    filter drops the rows of truncated_length rollouts, tokens and row."""
+
+    def segment(prompt: list[int], gen: list[int]) -> Segment:
+        s = Segment()
+        s.extend_prompt(prompt)
+        s.extend_generated(gen, [-0.5] * len(gen), 0)
+        return s
+
+    sample = Sample(env_id="x", uid="g")
+    two_segments = Trajectory(
+        sample=sample, segments=[segment([1, 2], [3, 4, 5]), segment([6], [7, 8])], reward=1.0
+    )
+    cut = Trajectory(sample=sample, segments=[segment([1, 2], [9])], reward=0.0,
+                     status=RolloutStatus.TRUNCATED_LENGTH)  # fmt: skip
+    batch = TrainBatch.from_groups([TrajectoryGroup(uid="g", trajectories=[two_segments, cut])], 0)
+    cfg = load_run_config(None, [
+        ENV, f"output_dir={tmp_path}", "algo.overlong.filter=true", "algo.overlong.penalty=true",
+        "algo.overlong.max_len=6", "algo.overlong.cache_len=4",
+    ])  # fmt: skip
+    m = Trainer(cfg).overlong(batch)
+    # 5 generated tokens over two rows: (6 - 4 - 5) / 4 = -0.75 on both; 1 token: no penalty.
+    assert batch.rewards.tolist() == [0.25, 0.25, 0.0]
+    assert batch.token_rewards.sum(-1).tolist() == [0.25, 0.25, 0.0]
+    assert m["train/overlong_penalty_mean"] == pytest.approx(-0.5)
+    assert batch.loss_mask.sum(-1).tolist() == [3.0, 2.0, 0.0]
+    assert batch.sample_mask.tolist() == [1.0, 1.0, 0.0]
+    assert m["train/overlong_filtered_rate"] == pytest.approx(1 / 3)
 
 
 # ------------------------------------------------------------------ one run per option
