@@ -11,9 +11,8 @@ server runs the tiny quickstart model in its own process.
 Each transport (``InferenceClient.Config.transport``) gets one long-lived client (as a run's
 ``Fleet`` keeps one) and one warm-up batch; then batches alternate between them on the same
 server: ``aiohttp`` (the default) and ``httpx2`` (the baseline, the client's transport before
-it). Per-batch times are bimodal (a batch whose requests land in fewer server steps is much
-faster), so the script times ``--batches`` (>= 30) of each and prints the median and the
-interquartile range, then every batch's time. The last line is JSON; its ratio is the
+it). Per-batch times are bimodal on a shared machine, so the script times ``--batches``
+(>= 30) of each and prints the median and the interquartile range, then every batch's time. The last line is JSON; its ratio is the
 baseline's median over ours.
 """
 
