@@ -76,6 +76,29 @@ async def test_a_pooled_connection_the_server_dropped_is_retried_not_failed(
             assert done.weight_version == 5 and done.finish_reason == "length"
 
 
+class _NeverAnswers(asyncio.Protocol):
+    def data_received(self, data: bytes) -> None:
+        pass
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_server_that_hangs_times_out_and_the_next_one_answers(
+    flaky_url: str, transport: str
+) -> None:
+    hung = await asyncio.get_running_loop().create_server(_NeverAnswers, "127.0.0.1", 0)
+    hung_url = f"http://127.0.0.1:{hung.sockets[0].getsockname()[1]}"
+    cfg = InferenceClient.Config(transport=transport, timeout_s=0.5)  # type: ignore[arg-type]
+    try:
+        async with InferenceClient([hung_url, flaky_url], cfg) as client:
+            done = await client.generate([1, 2, 3], GREEDY, session_id="t")  # tries hung first
+            assert done.server == flaky_url and done.output_ids == [7, 8]
+        async with InferenceClient([hung_url], cfg) as client:
+            with pytest.raises(ServerUnavailableError, match="Timeout"):
+                await client.generate([1, 2, 3], GREEDY)
+    finally:
+        hung.close()
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_no_server_is_a_clear_error(transport: str) -> None:
     cfg = InferenceClient.Config(transport=transport, connect_timeout_s=2.0)  # type: ignore[arg-type]
