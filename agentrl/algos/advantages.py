@@ -38,18 +38,20 @@ Deliberate departures from the papers and common implementations:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from agentrl.algos.aggregation import masked_whiten
+from agentrl.algos.aggregation import Moments, masked_whiten, whiten_into
 from agentrl.algos.ops import (
     TokenLayout,
     check_same_shape,
     check_token_or_row,
     discounted_reverse_cumsum,
     final_reward_returns,
+    float_mask,
     group_mean_std,
     masked_discounted_returns,
     row_chunks,
@@ -154,9 +156,19 @@ class AdvantageInputs:
         return x  # type: ignore[no-any-return]
 
 
+LONG_HORIZON = 0.995
+"""gamma * lam above which GAE computes its deltas and scan in float64 (see :func:`gae`)."""
+
+
 @torch.no_grad()
 def gae(
-    token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float
+    token_rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    on_chunk: Callable[[Tensor, Tensor], None] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over the mask-1 tokens of each row.
 
@@ -166,33 +178,59 @@ def gae(
         R_t     = A_t + V_t
     Returns (A, R), both (B, T) and 0 on mask-0 tokens. Not whitened. No gradient.
     Runs on the packed layout (generated tokens first), where next(t) = t + 1, one cache-sized
-    chunk of rows at a time (:func:`agentrl.algos.ops.row_chunks`).
+    chunk of rows at a time (:func:`agentrl.algos.ops.row_chunks`); ``on_chunk(A[rows],
+    mask[rows])`` sees each chunk of advantages while it is in cache.
     """
     check_same_shape("values", values, "token_rewards", token_rewards)
     check_same_shape("mask", mask, "token_rewards", token_rewards)
     adv = torch.empty_like(token_rewards, memory_format=torch.contiguous_format)
     ret = torch.empty_like(adv)
     b, t = adv.shape
+    # Long horizons (gamma * lam near 1) sum thousands of deltas, each rounded in float32 (the
+    # sum's error grows like sqrt(T) eps); there the deltas and the scan of a chunk, in
+    # cache, run in float64 and only the results are rounded to float32.
+    long = gamma * lam > LONG_HORIZON and adv.dtype in (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+    )
+    work = torch.float64 if long else adv.dtype
     for rows in row_chunks(b, t, adv.device):  # cache-sized chunks of rows, see ops.row_chunks
-        layout = TokenLayout.of(mask[rows])
-        delta = layout.pack(token_rewards[rows])  # (R, W), becomes delta in place
-        v = layout.pack(values[rows])  # (R, W), 0 past each row's generated tokens
+        m = float_mask(mask[rows], adv.dtype)
+        layout = TokenLayout.of(m)
+        delta = layout.pack(token_rewards[rows]).to(work)  # (R, W), becomes delta in place
+        v = layout.pack(values[rows]).to(work)  # (R, W), 0 past each row's generated tokens
         delta[:, :-1].add_(v[:, 1:], alpha=gamma)
         delta.sub_(v)
-        a = discounted_reverse_cumsum(delta, gamma * lam)
-        layout.unpack_into(a, adv[rows])
-        layout.unpack_into(v.add_(a), ret[rows])  # packed returns, 0 past the generated tokens
+        if work == adv.dtype and layout.index is None and layout.width == t:  # write in place
+            a = discounted_reverse_cumsum(delta, gamma * lam, out=adv[rows])
+            torch.add(v, a, out=ret[rows])
+        else:
+            a = discounted_reverse_cumsum(delta, gamma * lam)
+            layout.unpack_into(a.to(adv.dtype), adv[rows])
+            layout.unpack_into(v.add_(a).to(adv.dtype), ret[rows])  # 0 past generated tokens
+        if on_chunk is not None:
+            on_chunk(adv[rows], m)
     return adv, ret
 
 
 @register_advantage("gae", description="PPO with a critic: GAE(gamma, lambda), whitened")
 @torch.no_grad()
 def gae_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
-    """GAE (see :func:`gae`); advantages whitened over the batch when ``cfg.whiten``."""
+    """GAE (see :func:`gae`); advantages whitened over the batch when ``cfg.whiten``
+    (statistics gathered while each chunk is in cache, then one pass in place)."""
     values = inp.require("values", "gae")
-    adv, ret = gae(inp.per_token_rewards(), values, inp.response_mask, gamma=cfg.gamma, lam=cfg.lam)
-    if cfg.whiten:
-        adv = masked_whiten(adv, inp.response_mask, inplace=True)  # adv is ours: no copy
+    acc = Moments() if cfg.whiten else None
+    adv, ret = gae(
+        inp.per_token_rewards(),
+        values,
+        inp.response_mask,
+        gamma=cfg.gamma,
+        lam=cfg.lam,
+        on_chunk=acc.add if acc is not None else None,
+    )
+    if acc is not None:
+        adv = whiten_into(adv, adv, inp.response_mask, acc.result())  # adv is ours: no copy
     return adv, ret
 
 
@@ -205,7 +243,7 @@ def token_level(x: Tensor, mask: Tensor) -> Tensor:
     """A dense (B, T) copy of advantages or returns: (B, 1) values spread over the mask-1 tokens
     of each row, 0 elsewhere; a (B, T) input is masked the same way."""
     check_token_or_row("x", x, "mask", mask)
-    return torch.where(mask.bool(), x, 0.0)
+    return x * float_mask(mask, x.dtype)  # x must be finite off the mask
 
 
 def _group_ids(inp: AdvantageInputs, estimator: str) -> Tensor:
@@ -283,8 +321,15 @@ def reinforce_pp_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[
     Put any KL penalty into ``token_rewards`` first (:func:`agentrl.algos.kl.apply_kl_to_reward`).
     Returns (A, G).
     """
-    returns = inp.discounted_returns(cfg.gamma)
-    return masked_whiten(returns, inp.response_mask), returns
+    if inp.token_rewards is None:
+        returns = inp.discounted_returns(cfg.gamma)
+        return masked_whiten(returns, inp.response_mask), returns
+    acc = Moments()  # statistics of each chunk of returns while it is in cache
+    returns = masked_discounted_returns(
+        inp.token_rewards, inp.response_mask, cfg.gamma, on_chunk=acc.add
+    )
+    adv = torch.empty_like(returns)
+    return whiten_into(adv, returns, inp.response_mask, acc.result()), returns
 
 
 @register_advantage(

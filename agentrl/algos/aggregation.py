@@ -30,7 +30,7 @@ from enum import StrEnum
 import torch
 from torch import Tensor
 
-from agentrl.algos.ops import is_row_broadcast, row_chunks
+from agentrl.algos.ops import float_mask, is_row_broadcast, row_chunks
 from agentrl.errors import ConfigError
 
 
@@ -173,33 +173,48 @@ def masked_var(x: Tensor, mask: Tensor, *, unbiased: bool = True) -> Tensor:
     return torch.where(denom > 0, ss / denom.clamp(min=1e-12), torch.zeros_like(ss))
 
 
-def masked_moments(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Count, mean and sum of squared deviations of the mask-1 entries of x (B, T), float64.
+class Moments:
+    """Count, mean and sum of squared deviations (M2) of masked entries, added chunk by chunk.
 
-    One read of x, in cache-sized chunks of rows (:func:`agentrl.algos.ops.row_chunks`): each
-    chunk is centred on its own mean (two passes over data in cache) and the chunks are merged
-    with the parallel-variance formula of Chan et al. Row sums are float32 reductions of one
-    row each; everything above a row is float64. A single float32 dot product over a 1024 x
-    8192 batch loses about 2e-4 of the variance's relative precision; this keeps about 1e-9.
+    Each chunk (a few MB, in cache) is centred on its own mean (two passes over it) and the
+    chunks are merged with the parallel-variance formula of Chan et al. Row sums are float32
+    reductions of one row each; everything above a row is float64. A single float32 dot
+    product over a 1024 x 8192 batch loses about 2e-4 of the variance's relative precision;
+    this keeps about 1e-9.
     """
-    m = mask.bool()
-    counts, means, m2s = [], [], []
-    for rows in row_chunks(x.shape[0], x.shape[1], x.device):
-        mc = m[rows]
-        xc = torch.where(mc, x[rows], 0.0)  # (R, T), in cache
-        n = mc.sum(dtype=torch.float64)
+
+    def __init__(self) -> None:
+        self._n: list[Tensor] = []
+        self._mean: list[Tensor] = []
+        self._m2: list[Tensor] = []
+
+    def add(self, x: Tensor, mask: Tensor) -> None:
+        """Add the entries of x (R, T) where the 0/1 ``mask`` (R, T) is 1."""
+        m = float_mask(mask, x.dtype)
+        xc = x * m  # (R, T), in cache
+        n = m.sum(-1).sum(dtype=torch.float64)  # row counts are exact in float32
         mean = xc.sum(-1).sum(dtype=torch.float64) / n.clamp(min=1)
         mean32 = mean.to(x.dtype)
-        xc.sub_(mean32).masked_fill_(mc.logical_not(), 0.0)
-        m2 = xc.square_().sum(-1).sum(dtype=torch.float64)
-        m2 = m2 - n * (mean - mean32.double()).square()  # centred on the float32 mean
-        counts.append(n)
-        means.append(mean)
-        m2s.append(m2)
-    n_c, mean_c, m2_c = torch.stack(counts), torch.stack(means), torch.stack(m2s)
-    n = n_c.sum()
-    mean = (n_c * mean_c).sum() / n.clamp(min=1)
-    return n, mean, m2_c.sum() + (n_c * (mean_c - mean).square()).sum()
+        m2 = xc.sub_(mean32).mul_(m).square_().sum(-1).sum(dtype=torch.float64)
+        self._n.append(n)
+        self._mean.append(mean)
+        self._m2.append(m2 - n * (mean - mean32.double()).square())  # about the float64 mean
+
+    def result(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(count, mean, M2), each a float64 0-dim tensor."""
+        n_c, mean_c, m2_c = torch.stack(self._n), torch.stack(self._mean), torch.stack(self._m2)
+        n = n_c.sum()
+        mean = (n_c * mean_c).sum() / n.clamp(min=1)
+        return n, mean, m2_c.sum() + (n_c * (mean_c - mean).square()).sum()
+
+
+def masked_moments(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Count, mean and M2 of the mask-1 entries of x (B, T), in float64 (:class:`Moments`),
+    over cache-sized chunks of rows (:func:`agentrl.algos.ops.row_chunks`): one read of x."""
+    acc = Moments()
+    for rows in row_chunks(x.shape[0], x.shape[1], x.device):
+        acc.add(x[rows], mask[rows])
+    return acc.result()
 
 
 def masked_whiten(
@@ -212,7 +227,7 @@ def masked_whiten(
     chunk by chunk; ``inplace`` reuses a (B, T) ``x`` that needs no gradient as the result.
     With autograd it is the plain differentiable formula. A per-row x (B, 1) is whitened with
     token weights (each row counts once per mask-1 token) and stays (B, 1); rows without
-    mask-1 tokens get 0.
+    mask-1 tokens get 0. Entries of a (B, T) x under mask 0 must be finite (:func:`float_mask`).
     """
     rows = _row_counts(x, mask)  # one pass over the mask; the rest is (B,) arithmetic
     if rows is not None:
@@ -227,15 +242,27 @@ def masked_whiten(
         mean = masked_mean(x, mask)
         out = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
         return (out if shift_mean else out + mean) * m
-    n, mean64, m2 = masked_moments(x, mask)
+    out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
+    return whiten_into(out, x, mask, masked_moments(x, mask), shift_mean=shift_mean, eps=eps)
+
+
+def whiten_into(
+    out: Tensor,
+    x: Tensor,
+    mask: Tensor,
+    moments: tuple[Tensor, Tensor, Tensor],
+    *,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+) -> Tensor:
+    """Write masked_whiten(x) into ``out`` (may be x) from precomputed (count, mean, M2)."""
+    n, mean64, m2 = moments
     var = torch.where(n > 1, m2 / (n - 1).clamp(min=1), 0.0)
     scale = torch.rsqrt(var + eps).to(x.dtype)
     mean = mean64.to(x.dtype)
-    m = mask.bool()
-    out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
     for r in row_chunks(x.shape[0], x.shape[1], x.device):
         o = torch.sub(x[r], mean, out=out[r]).mul_(scale)
         if not shift_mean:
             o.add_(mean)
-        o.masked_fill_(m[r].logical_not(), 0.0)
+        o.mul_(float_mask(mask[r], x.dtype))
     return out

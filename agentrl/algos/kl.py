@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.aggregation import Aggregation, masked_mean
-from agentrl.algos.ops import check_same_shape
+from agentrl.algos.ops import check_same_shape, row_chunks
 from agentrl.algos.registry import KL_PENALTIES, register_kl
 from agentrl.errors import ConfigError
 
@@ -59,9 +59,22 @@ def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 @register_kl("k3", description="ref/pi - log(ref/pi) - 1: unbiased, low variance")
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """k3 = exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10]."""
-    log_ratio = (ref_logprobs - logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    return (log_ratio.exp() - log_ratio - 1).clamp(-10.0, 10.0)
+    """k3 = exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10].
+
+    Without a gradient to track it runs in place over cache-sized chunks of rows: one (B, T)
+    result and no (B, T) temporaries.
+    """
+    tracked = torch.is_grad_enabled() and (logprobs.requires_grad or ref_logprobs.requires_grad)
+    if tracked or logprobs.shape != ref_logprobs.shape or logprobs.dim() != 2:
+        log_ratio = (ref_logprobs - logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+        return (log_ratio.exp() - log_ratio - 1).clamp(-10.0, 10.0)
+    out = torch.empty_like(logprobs, memory_format=torch.contiguous_format)
+    for rows in row_chunks(out.shape[0], out.shape[1], out.device):
+        d = torch.sub(ref_logprobs[rows], logprobs[rows]).clamp_(
+            -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP
+        )
+        torch.exp(d, out=out[rows]).sub_(d).sub_(1.0).clamp_(-10.0, 10.0)
+    return out
 
 
 KL_PENALTIES.register("mse", kl_k2, description="alias of k2")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from agentrl.algos.ops import (
+    BLOCK,
     TokenLayout,
     compact_index,
     discounted_reverse_cumsum,
@@ -52,7 +53,7 @@ def test_token_layout_packs_generated_tokens_first_and_back() -> None:
     assert compact_index(mask).tolist() == [[0, 5, 1, 2, 5], [5] * 5, [5, 0, 1, 5, 2]]
     layout = TokenLayout.of(mask)
     packed = layout.pack(x)
-    assert packed.shape == (3, 64)
+    assert packed.shape == (3, BLOCK)
     assert packed[:, :6].tolist() == [[1, 3, 4, 0, 0, 0], [0] * 6, [12, 13, 15, 0, 0, 0]]
     assert packed[:, 6:].abs().sum() == 0
     assert torch.equal(layout.unpack(packed), x * mask)
