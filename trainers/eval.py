@@ -37,7 +37,7 @@ def eval_metrics(fleet: Fleet, cfg: RunConfig, template: ChatTemplate) -> dict[s
     ``eval/reward_se`` (standard errors of the means), ``eval/num_tasks`` (distinct tasks).
     """
     ecfg = replace(cfg.rollout, group_size=1, temperature=cfg.eval.temperature)
-    collector = fleet.collector(ecfg, template)
+    collector = fleet.collector(ecfg, template, rubric=cfg.reward.build_rubric())  # as trained
     samples = [cfg.data.sample(i, eval=True) for i in range(cfg.eval.num_samples)]
     groups = fleet.collect(collector, samples)
     trajs = [t for g in groups for t in g.trajectories]
