@@ -27,6 +27,15 @@ def local_ready() -> str | None:
     return None
 
 
+def disk_cap_ready() -> str | None:
+    """Why ``disk_mb`` cannot work here (it loop-mounts an ext4 image), or None."""
+    if os.geteuid() != 0:
+        return "a capped filesystem needs root"
+    if shutil.which("mkfs.ext4") is None or not os.path.exists("/dev/loop-control"):
+        return "a capped filesystem needs mkfs.ext4 and loop devices"
+    return None
+
+
 def docker_ready() -> str | None:
     try:
         import docker

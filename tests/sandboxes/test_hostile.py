@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import SandboxError
-from tests.sandboxes.conftest import MakeSandbox, local_ready, marked_processes, read_until
+from tests.sandboxes.conftest import (
+    MakeSandbox,
+    disk_cap_ready,
+    local_ready,
+    marked_processes,
+    read_until,
+)
 
 
 async def test_host_secrets_are_hidden(make: MakeSandbox, tmp_path: Path) -> None:
@@ -301,8 +307,8 @@ async def test_other_syscall_abis_are_killed(make: MakeSandbox) -> None:
 async def test_disk_cap_holds_for_workspace_and_tmp(make: MakeSandbox, backend: str) -> None:
     """Many files each under the per-file limit cannot fill the host disk: the writable space
     is its own filesystem of ``disk_mb`` (the workspace and, on local, /tmp)."""
-    if os.geteuid() != 0:
-        pytest.skip("a capped filesystem needs root")
+    if why := disk_cap_ready():
+        pytest.skip(why)
     sb = await make(disk_mb=32, file_size_mb=64)
     tmp_too = "/tmp/b" if backend == "local" else "c"
     r = await sb.exec(f"head -c 20M /dev/zero > a; head -c 20M /dev/zero > {tmp_too}; echo rc=$?",

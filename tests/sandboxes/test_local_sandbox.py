@@ -16,7 +16,13 @@ import pytest
 from agentrl.errors import ConfigError, SandboxError, UnknownIdError
 from agentrl.sandbox import make_sandbox, sweep
 from sandboxes import _cgroup, _host
-from tests.sandboxes.conftest import MakeSandbox, local_ready, marked_processes, read_until
+from tests.sandboxes.conftest import (
+    MakeSandbox,
+    disk_cap_ready,
+    local_ready,
+    marked_processes,
+    read_until,
+)
 
 pytestmark = pytest.mark.skipif(local_ready() is not None, reason=str(local_ready()))
 
@@ -227,7 +233,7 @@ KILLED_WITH_DISK = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a capped filesystem needs root")
+@pytest.mark.skipif(disk_cap_ready() is not None, reason=str(disk_cap_ready()))
 async def test_sweep_unmounts_the_capped_disk_of_a_killed_run(sandbox_root: str) -> None:
     from sandboxes.local import LocalSandbox
 
