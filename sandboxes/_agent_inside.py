@@ -99,17 +99,21 @@ class Job:
         self.poll_exit = False  # no pidfd for A: check with waitpid each tick
 
 
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_FILTER = []  # (buffer, sock_fprog), built once in the agent; each A inherits them
+
+
 def install_seccomp(prog):
     """no_new_privs, then the filter (``sandboxes/_seccomp.py``) for A and what it spawns."""
+    if not _FILTER:
+        buf = ctypes.create_string_buffer(prog, len(prog))
+        _FILTER.extend([buf, Fprog(len(prog) // 8, ctypes.addressof(buf))])
     if libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    buf = ctypes.create_string_buffer(prog, len(prog))
-
-    class Fprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = Fprog(len(prog) // 8, ctypes.addressof(buf))
-    if libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+    if libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(_FILTER[1]), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
@@ -415,6 +419,9 @@ def main():
     except Exception as e:
         send({"ev": "hello", "ok": False, "error": str(e)})
         return
+    if SECCOMP:  # build the filter's structures once, before any A is forked
+        _FILTER.extend([buf := ctypes.create_string_buffer(SECCOMP, len(SECCOMP)),
+                        Fprog(len(SECCOMP) // 8, ctypes.addressof(buf))])  # fmt: skip
     send({"ev": "hello", "ok": True, "pid": os.getpid()})
     Agent().loop()
 
