@@ -24,7 +24,10 @@ the policy loss, so estimators run under ``torch.no_grad`` and work in place whe
 Deliberate departures from the papers and common implementations:
 - Multi-turn masks with holes: GAE and discounted returns run over generated (mask-1) tokens
   only. Environment tokens between turns are skipped, as if the generated tokens of one
-  trajectory were one contiguous sequence; rewards placed on mask-0 tokens are dropped.
+  trajectory were one contiguous sequence; rewards placed on mask-0 tokens are dropped (they
+  must be finite: masks are applied by multiplication, as in verl).
+- Precision: whitening accumulates in float64 and GAE with gamma * lam > 0.995 runs each
+  chunk's deltas and scan in float64, so float32 results stay within 1e-5 of float64 ones.
 - Groups of one sample (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline) get advantage 0: the
   sample is its own baseline, so it carries no relative signal (instead of the raw score).
 - Group std is the unbiased (n - 1) std; GRPO divides by ``std + epsilon``.
@@ -46,6 +49,7 @@ from torch import Tensor
 
 from agentrl.algos.aggregation import Moments, masked_whiten, whiten_into
 from agentrl.algos.ops import (
+    Scratch,
     TokenLayout,
     check_same_shape,
     check_token_or_row,
@@ -195,18 +199,20 @@ def gae(
         torch.bfloat16,
     )
     work = torch.float64 if long else adv.dtype
+    scratch = Scratch()
     for rows in row_chunks(b, t, adv.device):  # cache-sized chunks of rows, see ops.row_chunks
         m = float_mask(mask[rows], adv.dtype)
-        layout = TokenLayout.of(m)
-        delta = layout.pack(token_rewards[rows]).to(work)  # (R, W), becomes delta in place
-        v = layout.pack(values[rows]).to(work)  # (R, W), 0 past each row's generated tokens
+        layout = TokenLayout.of(m, scratch)
+        delta = layout.pack(token_rewards[rows], "r").to(work)  # (R, W), becomes delta in place
+        v = layout.pack(values[rows], "v").to(work)  # (R, W), 0 past each row's generated tokens
         delta[:, :-1].add_(v[:, 1:], alpha=gamma)
         delta.sub_(v)
         if work == adv.dtype and layout.index is None and layout.width == t:  # write in place
             a = discounted_reverse_cumsum(delta, gamma * lam, out=adv[rows])
             torch.add(v, a, out=ret[rows])
         else:
-            a = discounted_reverse_cumsum(delta, gamma * lam)
+            y = scratch.get("scan", delta.shape[0], delta.shape[1], delta)
+            a = discounted_reverse_cumsum(delta, gamma * lam, out=y)
             layout.unpack_into(a.to(adv.dtype), adv[rows])
             layout.unpack_into(v.add_(a).to(adv.dtype), ret[rows])  # 0 past generated tokens
         if on_chunk is not None:

@@ -30,7 +30,7 @@ from enum import StrEnum
 import torch
 from torch import Tensor
 
-from agentrl.algos.ops import float_mask, is_row_broadcast, row_chunks
+from agentrl.algos.ops import Scratch, float_mask, is_row_broadcast, row_chunks
 from agentrl.errors import ConfigError
 
 
@@ -184,6 +184,7 @@ class Moments:
     """
 
     def __init__(self) -> None:
+        self._scratch = Scratch()
         self._n: list[Tensor] = []
         self._mean: list[Tensor] = []
         self._m2: list[Tensor] = []
@@ -191,7 +192,7 @@ class Moments:
     def add(self, x: Tensor, mask: Tensor) -> None:
         """Add the entries of x (R, T) where the 0/1 ``mask`` (R, T) is 1."""
         m = float_mask(mask, x.dtype)
-        xc = x * m  # (R, T), in cache
+        xc = torch.mul(x, m, out=self._scratch.get("x", x.shape[0], x.shape[1], x))  # in cache
         n = m.sum(-1).sum(dtype=torch.float64)  # row counts are exact in float32
         mean = xc.sum(-1).sum(dtype=torch.float64) / n.clamp(min=1)
         mean32 = mean.to(x.dtype)

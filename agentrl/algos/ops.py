@@ -6,8 +6,12 @@
 No function here loops over samples or groups. The discounted reverse scan
 ``y_t = x_t + d * y_{t+1}`` runs as a blocked matrix product: each block of ``block`` steps is
 one (block x block) matmul, and the block boundaries form the same recurrence with discount
-``d ** block``, solved recursively, so T = 8192 takes three small levels and no Python loop
+``d ** block``, solved recursively (in float64 for float32 inputs, so the blocks' rounding
+errors do not add up along a row), so T = 8192 takes four small levels and no Python loop
 over time steps. Every power of ``d`` used is ``<= 1``, so the scan is stable for any T.
+
+Masks are applied by float multiplication: ``torch.where`` and other kernels on bool tensors
+are about 10x slower on CPU. Values under mask 0 must therefore be finite (:func:`float_mask`).
 """
 
 from __future__ import annotations
@@ -143,20 +147,50 @@ def discounted_reverse_cumsum(
     return local.addcmul_(next_starts[:, :, None], decay).view(b, t)
 
 
-def is_prefix_mask(mask: Tensor) -> bool:
+class Scratch:
+    """Buffers reused by the chunks of one call. Fresh CPU memory costs page faults, which on a
+    busy host cost more than a chunk's arithmetic; ``get`` hands out the first ``rows`` rows of
+    a buffer of that name, width and dtype, allocated on first use."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, Tensor] = {}
+
+    def get(
+        self, name: str, rows: int, cols: int, like: Tensor, dtype: torch.dtype | None = None
+    ) -> Tensor:
+        dtype = like.dtype if dtype is None else dtype
+        buf = self._bufs.get(name)
+        if (
+            buf is None
+            or buf.shape[0] < rows
+            or buf.shape[1] != cols
+            or buf.dtype != dtype
+            or buf.device != like.device
+        ):
+            buf = self._bufs[name] = torch.empty(rows, cols, dtype=dtype, device=like.device)
+        return buf[:rows]
+
+
+def is_prefix_mask(mask: Tensor, scratch: Scratch | None = None) -> bool:
     """True if every row's mask is ones then zeros (no holes), so compaction is the identity."""
     if mask.shape[-1] < 2 or mask.numel() == 0:
         return True
     if not mask.is_floating_point():
         return not bool((mask[:, 1:] > mask[:, :-1]).any())
-    return bool((mask[:, 1:] - mask[:, :-1]).max() <= 0)  # float ops: no bool temporaries
+    r, t = mask.shape
+    out = scratch.get("diff", r, t - 1, mask) if scratch is not None else None
+    return bool(torch.sub(mask[:, 1:], mask[:, :-1], out=out).max() <= 0)  # no bool tensors
 
 
-def compact_index(mask: Tensor) -> Tensor:
+def compact_index(mask: Tensor, scratch: Scratch | None = None) -> Tensor:
     """For each (b, t) with mask 1, its rank among the row's mask-1 tokens; T where mask is 0."""
     m = float_mask(mask, torch.float32)  # float arithmetic: exact for ranks below 2**24
-    t = mask.shape[-1]
-    return m.cumsum(-1).sub_(1 + t).mul_(m).add_(t).long()  # (rank - 1 - T) * m + T
+    r, t = m.shape
+    rank = torch.cumsum(m, -1, out=scratch.get("rank", r, t, m) if scratch is not None else None)
+    rank.sub_(1 + t).mul_(m).add_(t)  # (rank - 1 - T) * m + T
+    if scratch is None:
+        return rank.long()
+    return scratch.get("index", r, t, m, torch.int64).copy_(rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,32 +202,35 @@ class TokenLayout:
     W is a multiple of ``BLOCK`` (no padding copy in the scan) and, for masks with holes,
     leaves column T free to collect the mask-0 entries. For prefix masks (single turn)
     ``pack`` is ``x * mask`` (entries under mask 0 must be finite) and no index is built.
+    With a :class:`Scratch`, the index and packed tensors live in its reused buffers.
     """
 
     mask: Tensor  # (B, T) 0/1, floating (float32 unless the mask came as a float tensor)
     index: Tensor | None  # (B, T) rank of each mask-1 token; T on mask-0 tokens; None for prefixes
     width: int
+    scratch: Scratch | None = None
 
     @classmethod
-    def of(cls, mask: Tensor) -> TokenLayout:
+    def of(cls, mask: Tensor, scratch: Scratch | None = None) -> TokenLayout:
         m = mask if mask.is_floating_point() else float_mask(mask, torch.float32)
         t = m.shape[-1]
-        if is_prefix_mask(m):
-            return cls(m, None, -(-t // BLOCK) * BLOCK)
-        return cls(m, compact_index(m), -(-(t + 1) // BLOCK) * BLOCK)
+        if is_prefix_mask(m, scratch):
+            return cls(m, None, -(-t // BLOCK) * BLOCK, scratch)
+        return cls(m, compact_index(m, scratch), -(-(t + 1) // BLOCK) * BLOCK, scratch)
 
-    def pack(self, x: Tensor) -> Tensor:
-        """(B, T) -> (B, W): mask-1 entries first, zeros elsewhere (a fresh tensor)."""
+    def pack(self, x: Tensor, name: str = "packed") -> Tensor:
+        """(B, T) -> (B, W): mask-1 entries first, zeros elsewhere (a fresh tensor, or the
+        scratch buffer ``name``)."""
         b, t = x.shape
-        if self.index is None:
-            m = float_mask(self.mask, x.dtype)
-            if self.width == t:
-                return x * m
+        if self.scratch is not None:
+            out = self.scratch.get(name, b, self.width, x)
+        else:
             out = x.new_empty(b, self.width)
-            torch.mul(x, m, out=out[:, :t])
+        if self.index is None:
+            torch.mul(x, float_mask(self.mask, x.dtype), out=out[:, :t])
             out[:, t:] = 0.0
             return out
-        out = x.new_zeros(b, self.width).scatter_(1, self.index, x)
+        out.zero_().scatter_(1, self.index, x)
         out[:, t] = 0.0  # the mask-0 entries landed here
         return out
 
@@ -250,15 +287,17 @@ def masked_discounted_returns(
     check_same_shape("mask", mask, "rewards", rewards)
     out = torch.empty_like(rewards, memory_format=torch.contiguous_format)
     b, t = rewards.shape
+    scratch = Scratch()
     for rows in row_chunks(b, t, rewards.device):
         m = float_mask(mask[rows], rewards.dtype)
         if gamma == 1.0 and t % BLOCK == 0 and t > BLOCK:
-            discounted_reverse_cumsum(rewards[rows] * m, 1.0, out=out[rows]).mul_(m)
+            x = torch.mul(rewards[rows], m, out=scratch.get("x", m.shape[0], t, rewards))
+            discounted_reverse_cumsum(x, 1.0, out=out[rows]).mul_(m)
         else:
-            layout = TokenLayout.of(m)
-            layout.unpack_into(
-                discounted_reverse_cumsum(layout.pack(rewards[rows]), gamma), out[rows]
-            )
+            layout = TokenLayout.of(m, scratch)
+            packed = layout.pack(rewards[rows])
+            y = scratch.get("scan", packed.shape[0], packed.shape[1], packed)
+            layout.unpack_into(discounted_reverse_cumsum(packed, gamma, out=y), out[rows])
         if on_chunk is not None:
             on_chunk(out[rows], m)
     return out
