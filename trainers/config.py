@@ -181,7 +181,8 @@ class AlgoConfig:
     filter_groups: bool = False
     """Drop groups whose rewards are all equal (no GRPO signal) and sample more (DAPO)."""
     max_filter_rounds: int = 4
-    """With filter_groups: give up (TrainingError) after this many extra rounds."""
+    """With filter_groups: after this many rounds without enough groups with signal, groups with
+    identical rewards fill the batch (zero advantage under GRPO) and a warning says so."""
     rollout_is: RolloutISConfig = field(default_factory=RolloutISConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
 

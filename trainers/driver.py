@@ -210,14 +210,17 @@ class Trainer:
             )
 
     def collect(self) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-        """``train.batch_size`` groups; with ``algo.filter_groups`` only groups with reward signal."""
+        """``train.batch_size`` groups; with ``algo.filter_groups`` only groups with reward signal.
+
+        When ``algo.max_filter_rounds`` rounds do not find enough groups with signal, groups
+        with identical rewards fill the batch (under GRPO they carry zero advantage, so the
+        step trains on the signal it found) and a warning says so: a hard task early in a
+        run must not end it.
+        """
         n = self.cfg.train.batch_size
-        sampler = DynamicSampler[TrajectoryGroup](
-            target=n,
-            max_rounds=self.cfg.algo.max_filter_rounds,
-            max_rounds_key="algo.max_filter_rounds",
-            group_size_key="rollout.group_size",
-        )
+        limit = self.cfg.algo.max_filter_rounds
+        sampler = DynamicSampler[TrajectoryGroup](target=n)
+        flat: list[TrajectoryGroup] = []  # groups dropped for identical rewards
         while True:
             samples = [self.cfg.data.sample(self.cursor + i) for i in range(n - sampler.num_kept)]
             self.cursor += len(samples)
@@ -225,10 +228,27 @@ class Trainer:
             groups = self.fleet.collect(self.collector, samples)
             if not self.cfg.algo.filter_groups:
                 return groups, {}
-            sampler.add(groups, group_has_signal([g.rewards_G for g in groups]))
+            keep = group_has_signal([g.rewards_G for g in groups])
+            sampler.add(groups, keep)
+            flat += [g for g, k in zip(groups, keep, strict=True) if not k]
+            seen, rounds = sampler.seen, sampler.rounds
             if sampler.full:
-                kept_rate = n / sampler.seen
-                return sampler.take(), {"rollout/filter_kept_rate": kept_rate}
+                return sampler.take(), {"rollout/filter_kept_rate": n / seen,
+                                        "rollout/filter_padded_groups": 0.0}  # fmt: skip
+            if limit and rounds >= limit:
+                kept = sampler.drain()
+                pad = n - len(kept)
+                logger.warning(
+                    "dynamic sampling found %d of %d groups with reward signal in %d rounds "
+                    "(algo.max_filter_rounds=%d); %d groups with identical rewards fill the "
+                    "batch. If this persists, warm up longer (sft.steps), raise "
+                    "rollout.group_size or algo.max_filter_rounds.",
+                    len(kept), n, rounds, limit, pad,
+                )  # fmt: skip
+                return kept + flat[:pad], {
+                    "rollout/filter_kept_rate": len(kept) / seen,
+                    "rollout/filter_padded_groups": float(pad),
+                }
 
     def score(self, batch: TrainBatch) -> dict[str, float]:
         """Old logprobs (recomputed by the actor), reference logprobs and critic values."""

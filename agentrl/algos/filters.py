@@ -112,6 +112,12 @@ class DynamicSampler(Generic[T]):
         self.rounds = self.seen = 0
         return out
 
+    def drain(self) -> list[T]:
+        """Every kept item (fewer than ``target`` when not full); resets the sampler."""
+        out, self._kept = self._kept, []
+        self.rounds = self.seen = 0
+        return out
+
 
 def overlong_filter_mask(response_mask: Tensor, truncated: Tensor) -> Tensor:
     """The loss mask (B, T) with every token of truncated samples (truncated (B,) bool) zeroed."""

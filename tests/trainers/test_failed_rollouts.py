@@ -100,3 +100,34 @@ def test_a_non_finite_env_reward_is_an_env_error_not_a_number() -> None:
 
     with pytest.raises(EnvError, match="non-finite reward"):
         asyncio.run(episode())
+
+
+def test_filtering_that_runs_out_of_rounds_pads_the_batch_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = load_run_config(
+        "recipes/quickstart.yaml",
+        [f"output_dir={tmp_path}", "algo.filter_groups=true", "algo.max_filter_rounds=2",
+         "train.batch_size=4", "train.mini_batch_size=2"],
+    )  # fmt: skip
+    calls: list[int] = []
+
+    class OneSignalPerRound:
+        def collect(self, collector: object, samples: list[Sample]) -> list[TrajectoryGroup]:
+            calls.append(len(samples))
+            out = []
+            for i, s in enumerate(samples):
+                rewards = [0.0, 1.0] if i == 0 else [0.0, 0.0]  # only the first has signal
+                trajs = [Trajectory(sample=s, reward=r) for r in rewards]
+                out.append(TrajectoryGroup(uid=s.uid, trajectories=trajs))
+            return out
+
+    trainer = Trainer(cfg)
+    trainer.fleet = OneSignalPerRound()  # type: ignore[assignment]
+    trainer.collector = None  # type: ignore[assignment]
+    groups, metrics = trainer.collect()
+    assert calls == [4, 3]  # the second round asks only for what is missing
+    assert len(groups) == 4 and metrics["rollout/filter_padded_groups"] == 2.0
+    assert sum(len(set(g.rewards_G)) > 1 for g in groups) == 2
+    assert "algo.max_filter_rounds=2" in caplog.text
+    assert trainer.cursor == 7  # every drawn sample counts, padded or not
