@@ -10,8 +10,8 @@ With ``Config.eager_checksums`` and ``Config.checksum="sum64"`` each tensor is s
 after its copy, while it is still in the CPU's last-level cache (a 0.5B model's largest tensor
 is 11.5 MB), instead of in a pass of its own. By default the sums wait for ``verify``, which
 computes them while the server computes its own: on a loaded 2-core machine summing during
-the write made the write 2-3x slower, more than verify gained (``benchmarks/weight_sync.py
---paths ipc ipc-eager``).
+the write made the write 2-3x slower in some runs and gained nothing overall in others
+(``benchmarks/weight_sync.py --paths ipc ipc-eager``).
 The memfd has no name in /dev/shm or anywhere else: it lives as long as this sync holds it
 open (``close()``, or the trainer process exiting), so nothing is left behind after a crash.
 It is kept between pushes, so later pushes write into pages that are already mapped (about
