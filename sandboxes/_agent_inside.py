@@ -103,7 +103,7 @@ class Fprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-_FILTER = []  # (buffer, sock_fprog), built once in the agent; each A inherits them
+_FILTER: list = []  # (buffer, sock_fprog), built once in the agent; each A inherits them
 
 
 def install_seccomp(prog):

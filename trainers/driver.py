@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import replace
@@ -51,7 +52,7 @@ from agentrl.config import to_yaml
 from agentrl.distributed import ResourcePool, WorkerGroup, init_ray_local
 from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError, TrainingError
-from agentrl.logging import MetricsLogger, Timer, mean_metrics, read_jsonl
+from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress, read_jsonl
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.types import RolloutStatus, Trajectory, TrajectoryGroup
 from trainers.checkpoint import (
@@ -97,8 +98,12 @@ class Trainer:
         try:
             self.setup()
             before = self.evaluate_once("before", step=0)
-            while self.step_done < self.cfg.train.steps:
-                self.step()
+            todo = self.cfg.train.steps - self.step_done
+            # a terminal has the console's per-step tables; logs get a line per tenth with an ETA
+            with progress("RL steps", todo, enabled=not sys.stderr.isatty()) as advance:
+                while self.step_done < self.cfg.train.steps:
+                    self.step()
+                    advance()
             after = self.evaluate_once("after", step=self.step_done)
             return self.finish(before, after, time.perf_counter() - t0)
         except (KeyboardInterrupt, SystemExit):
