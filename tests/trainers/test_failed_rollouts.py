@@ -1,4 +1,4 @@
-"""A run whose rollouts all fail in the machinery stops with the failure, instead of idling on."""
+"""The driver under failures: rollouts that fail in the machinery, filtering that runs dry, interrupts."""
 
 from pathlib import Path
 
@@ -6,6 +6,7 @@ import pytest
 
 from agentrl.errors import TrainingError
 from agentrl.types import RolloutStatus, Sample, Trajectory, TrajectoryGroup
+from trainers.checkpoint import TrainerState
 from trainers.config import load_run_config
 from trainers.driver import Trainer
 
@@ -131,3 +132,14 @@ def test_filtering_that_runs_out_of_rounds_pads_the_batch_and_says_so(
     assert sum(len(set(g.rewards_G)) > 1 for g in groups) == 2
     assert "algo.max_filter_rounds=2" in caplog.text
     assert trainer.cursor == 7  # every drawn sample counts, padded or not
+
+
+def test_an_interrupted_run_says_how_to_resume(tmp_path: Path) -> None:
+    cfg = load_run_config("recipes/quickstart.yaml", [f"output_dir={tmp_path}", "name=r"])
+    trainer = Trainer(cfg, command="agentrl train recipes/quickstart.yaml name=r")
+    assert "no checkpoint" in trainer.resume_hint()
+    ckpt = trainer.ckpt.begin(3)
+    trainer.ckpt.commit(ckpt, TrainerState(step=3, weight_version=3, data_cursor=24, rng={}))
+    hint = trainer.resume_hint()
+    assert "step_000003" in hint
+    assert hint.endswith("agentrl train recipes/quickstart.yaml name=r --resume")
