@@ -79,7 +79,8 @@ class BashSession:
             if before:
                 pre = await self.sandbox.pids_in_use()
             out = await self._run(command, timeout_s)
-            after = await self._recover_pids(await self._settled_pids(pre))
+            usage = await self._settled_pids(pre)
+            after = await self._recover_pids(usage, forks_failed=_FORK_FAILED in out.output)
             note = "\n".join(n for n in (before, after) if n)
             return dataclasses.replace(out, note=note) if note else out
 
@@ -101,10 +102,13 @@ class BashSession:
             usage = now
         return usage
 
-    async def _recover_pids(self, usage: tuple[int, int] | None) -> str:
-        """If the sandbox is (nearly) out of pids, kill this session's processes and its shell
-        (the next command starts a new one) and say so; "" when nothing was wrong."""
-        if self._proc is None or usage is None or not _near_limit(usage):
+    async def _recover_pids(
+        self, usage: tuple[int, int] | None, *, forks_failed: bool = False
+    ) -> str:
+        """If the sandbox is (nearly) out of pids, or the shell's forks failed for want of them
+        (a bomb churning below the limit between samples), kill this session's processes and
+        its shell (the next command starts a new one) and say so; "" when nothing was wrong."""
+        if self._proc is None or usage is None or not (forks_failed or _near_limit(usage)):
             return ""
         await self.close()
         left = ""
@@ -171,6 +175,10 @@ class BashSession:
                                   restarted=restarted)  # fmt: skip
         await self.close()
         return BashOutput(output=reader.text(), exit_code=None, timed_out=True, restarted=True)
+
+
+_FORK_FAILED = "fork: retry: Resource temporarily unavailable"
+"""What bash prints when a fork fails with EAGAIN (the pids limit)."""
 
 
 def _near_limit(usage: tuple[int, int] | None) -> bool:
