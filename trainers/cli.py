@@ -68,8 +68,8 @@ def train_seeds_main(
 
     import_modules(modules or [])
     cfg = load_run_config(recipe, overrides)
-    flag = f"--seeds {','.join(map(str, seeds))}"
-    command = _command("train", recipe, overrides, [flag, *(["--resume"] if resume else [])])
+    flags = ["--seeds", ",".join(map(str, seeds)), *(["--resume"] if resume else [])]
+    command = _command("train", recipe, overrides, flags)
     runs = []
     for seed in seeds:
         run_overrides = [*(overrides or []), f"name={cfg.name}-s{seed}", f"seed={seed}"]
@@ -156,7 +156,7 @@ def eval_main(
     stats = {k: mean_and_se([m[k] for m in per_seed.values()]) for k in keys}
     return {
         "command": _command(
-            "eval", recipe, overrides, [f"--model {model}", f"--seeds {','.join(map(str, seeds))}"]
+            "eval", recipe, overrides, ["--model", str(model), "--seeds", ",".join(map(str, seeds))]
         ),
         "seeds": seeds,
         "mean": {k: v[0] for k, v in stats.items()},
