@@ -108,16 +108,16 @@ def sft_main(
 ) -> dict[str, Any]:
     """SFT only (env demonstrations or ``sft.dataset``); the model goes to <run_dir>/sft_model."""
     from trainers.config import load_run_config
-    from trainers.driver import _start_ray, _threads
+    from trainers.runtime import start_ray, threads_per_rank
     from trainers.sft import warm_up
 
     import_modules(modules or [])
     cfg = load_run_config(recipe, overrides)
     if not cfg.sft.steps:
         raise AgentRLError("sft.steps is 0; set it, e.g. sft.steps=200")
-    owns_ray = _start_ray(cfg.train.num_cpus)
+    owns_ray = start_ray(cfg.train.num_cpus)
     try:
-        out = warm_up(cfg, num_threads=_threads(cfg))
+        out = warm_up(cfg, num_threads=threads_per_rank(cfg))
     finally:
         if owns_ray:
             import ray

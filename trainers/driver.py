@@ -19,7 +19,6 @@ run's RNG; the engines own model/optimizer/scheduler state; a checkpoint holds b
 from __future__ import annotations
 
 import logging
-import random
 import sys
 import time
 from collections import Counter
@@ -27,7 +26,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from agentrl.algos import (
@@ -49,7 +47,7 @@ from agentrl.algos.ops import scatter_to_last_token
 from agentrl.batch import TrainBatch
 from agentrl.chat import ChatTemplate
 from agentrl.config import to_yaml
-from agentrl.distributed import ResourcePool, WorkerGroup, init_ray_local
+from agentrl.distributed import ResourcePool, WorkerGroup
 from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError, TrainingError
 from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress, read_jsonl
@@ -64,7 +62,14 @@ from trainers.checkpoint import (
 )
 from trainers.config import KLConfig, OverlongConfig, RunConfig
 from trainers.eval import eval_metrics, write_report
-from trainers.serving import Fleet, resolve_device
+from trainers.runtime import (
+    exit_on_sigterm,
+    pool_config,
+    seed_everything,
+    start_ray,
+    threads_per_rank,
+)
+from trainers.serving import Fleet
 from trainers.sft import warm_up
 from trainers.workers import ActorWorker, CriticUpdate, CriticWorker, PolicyUpdate, RefWorker
 
@@ -126,10 +131,10 @@ class Trainer:
     def setup(self) -> None:
         cfg = self.cfg
         state = self._prepare_run_dir()
-        _seed_everything(cfg.seed)
-        self._owns_ray = _start_ray(cfg.train.num_cpus)
-        _exit_on_sigterm()  # after ray.init, which installs its own handler
-        self.policy_path = warm_up(cfg, num_threads=_threads(cfg))
+        seed_everything(cfg.seed)
+        self._owns_ray = start_ray(cfg.train.num_cpus)
+        exit_on_sigterm()  # after ray.init, which installs its own handler
+        self.policy_path = warm_up(cfg, num_threads=threads_per_rank(cfg))
         self._pool = ResourcePool(pool_config(cfg))
         self.template = ChatTemplate.from_pretrained(self.policy_path)
         self.pad_id = int(self.template.tokenizer.pad_token_id)
@@ -424,7 +429,7 @@ class Trainer:
         )
         kwargs = {
             "cfg": engine_cfg,
-            "num_threads": _threads(self.cfg),
+            "num_threads": threads_per_rank(self.cfg),
             "megatron": self.cfg.megatron,
         }
         group: WorkerGroup[Any] = WorkerGroup(
@@ -564,46 +569,3 @@ def _report_skipped_updates(metrics: dict[str, float], step: int) -> None:
         "step %d: %.0f%% of the policy's optimizer steps were skipped, weights unchanged for "
         "them: %s", step, 100 * share, "; ".join(why) or "see train/skipped_* metrics",
     )  # fmt: skip
-
-
-def pool_config(cfg: RunConfig) -> ResourcePool.Config:
-    """One bundle per training rank (with a GPU when the engine runs on CUDA)."""
-    gpus = 1.0 if resolve_device(cfg.engine.device) == "cuda" else 0.0
-    return ResourcePool.Config(bundles_per_node=cfg.train.world_size, gpus_per_bundle=gpus)
-
-
-def _exit_on_sigterm() -> None:
-    """SIGTERM (kill, a scheduler) unwinds like Ctrl-C, so ``close()`` stops the servers."""
-    import signal
-    import sys
-    import threading
-
-    def handler(signum: int, frame: object) -> None:
-        logger.warning("SIGTERM: stopping the run")
-        sys.exit(128 + signum)
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def _start_ray(num_cpus: int) -> bool:
-    """Start local Ray unless it runs already; True if this call started it."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    init_ray_local(num_cpus=num_cpus or None)
-    return True
-
-
-def _threads(cfg: RunConfig) -> int:
-    import os
-
-    cpus = cfg.train.num_cpus or os.cpu_count() or 1
-    return max(1, cpus // cfg.train.world_size)

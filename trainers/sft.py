@@ -213,7 +213,7 @@ def run_sft(cfg: RunConfig, model: Path, out: Path, *, num_threads: int) -> dict
     from dataclasses import replace
 
     from agentrl.distributed import ResourcePool, WorkerGroup
-    from trainers.driver import pool_config
+    from trainers.runtime import pool_config
     from trainers.workers import ActorWorker
 
     template = ChatTemplate.from_pretrained(model)
