@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+from agentrl.splits import DEFAULT_EVAL_FRACTION
+
 JSON = dict[str, Any]
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -167,7 +169,7 @@ class Sample:
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     extra: JSON = field(default_factory=dict)
     split: str | None = None
-    eval_fraction: float = 0.2
+    eval_fraction: float = DEFAULT_EVAL_FRACTION
 
     def to_dict(self) -> JSON:
         return {
@@ -191,7 +193,7 @@ class Sample:
             uid=d.get("uid") or uuid.uuid4().hex,
             extra=dict(d.get("extra") or {}),
             split=d.get("split"),
-            eval_fraction=float(d.get("eval_fraction", 0.2)),
+            eval_fraction=float(d.get("eval_fraction", DEFAULT_EVAL_FRACTION)),
         )
 
 

@@ -39,7 +39,7 @@ from agentrl.logging import MetricsLogger
 from agentrl.registry import import_modules, load_entry_point
 from agentrl.reward import Rubric
 from agentrl.rollout.collector import CollectorConfig
-from agentrl.splits import check_fraction
+from agentrl.splits import DEFAULT_EVAL_FRACTION, check_fraction
 from agentrl.types import Sample
 from trainers.checkpoint import CheckpointManager
 from trainers.engines.megatron.config import MegatronConfig
@@ -95,7 +95,7 @@ class DataConfig:
     different task orders."""
     num_seeds: int = 0
     """Distinct seeds per env; 0: a fresh seed for every sample (never repeats)."""
-    eval_fraction: float = 0.2
+    eval_fraction: float = DEFAULT_EVAL_FRACTION
     """Share of each env's tasks (by content hash) in the eval split, in (0, 1)."""
     eval_seed: int = 1_000_000_000
     """Seed of the first eval sample. Eval samples do not depend on the run's seed, so runs
