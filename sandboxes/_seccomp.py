@@ -1,14 +1,23 @@
 """The local backend's syscall filter: a classic-BPF seccomp program, built here.
 
     prog = program(allow=["ptrace"])   # bytes: struct sock_filter[], for bwrap --seccomp FD
-                                       # or prctl(PR_SET_SECCOMP) in the exec agent's child
+                                       # or prctl(PR_SET_SECCOMP) in the exec agent, once
 
 It blocks (EPERM) at least what Docker's default profile blocks for a process without
 capabilities: ptrace and cross-process memory access, mount and the new mount API, keyrings,
 bpf, perf_event_open, userfaultfd, io_uring, kernel modules, kexec, reboot, swap, clock
-setting, NUMA policy, handle-based opens, setns/unshare and clone with namespace flags (no new
-user namespaces). ``clone3`` returns ENOSYS, so the C library falls back to ``clone``, whose
-flags a classic filter can read. A syscall of any other ABI than the native one (i386 through
+setting, NUMA policy, handle-based opens, setns, clone with namespace flags and unshare with
+any flags but a bare ``CLONE_NEWPID`` (no new user namespaces). ``clone3`` returns ENOSYS, so
+the C library falls back to ``clone``, whose flags a classic filter can read.
+
+``unshare(CLONE_NEWPID)`` passes the filter because the exec agent installs the filter once,
+in itself, and each command's process, forked from it, inherits it and then makes the
+command's pid namespace: attaching a filter costs every process that does it ~0.5-1 ms of CPU
+(the kernel converts and JIT-compiles the program and precomputes its per-syscall cache), and
+the spawn that follows right after paid ~1.5 ms more, while a forked child inherits the
+parent's filter for a reference count. The kernel still refuses that unshare to a process
+without CAP_SYS_ADMIN in its user namespace, which a command (uid 65534 after ``execve``, and
+no way to make a user namespace) does not have. A syscall of any other ABI than the native one (i386 through
 ``int 0x80``, x32) kills the process. Only x86_64 and aarch64 are known; elsewhere
 ``program`` returns None and the sandbox logs that it runs without a filter.
 
@@ -26,6 +35,7 @@ _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _KILL_PROCESS, _ALLOW = 0x80000000, 0x7FFF0000
 EPERM, ENOSYS = 1, 38
 _CLONE_NS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+_CLONE_NEWPID = 0x20000000
 
 _X86_64 = {
     "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
@@ -84,8 +94,18 @@ def program(allow: list[str] | tuple[str, ...] = ()) -> bytes | None:
     if audit_arch == 0xC000003E:  # x32 calls carry bit 30 in the number
         prog += [_ins(_JGE, 0x40000000, 0, 1), _ins(_RET, _KILL_PROCESS)]
     for name, nr in sorted(table.items(), key=lambda kv: kv[1]):
-        if name not in allow:
+        if name not in allow and name != "unshare":
             prog += [_ins(_JEQ, nr, 0, 1), _ins(_RET, 0x00050000 | EPERM)]
+    if "unshare" not in allow:  # all but unshare(CLONE_NEWPID): see the module's docstring
+        prog += [
+            _ins(_JEQ, table["unshare"], 0, 6),
+            _ins(_LD_ABS, 16),  # the flags, low half
+            _ins(_JEQ, _CLONE_NEWPID, 0, 2),
+            _ins(_LD_ABS, 20),  # high half
+            _ins(_JEQ, 0, 1, 0),
+            _ins(_RET, 0x00050000 | EPERM),
+            _ins(_RET, _ALLOW),
+        ]
     if "clone3" not in allow:
         prog += [_ins(_JEQ, clone3, 0, 1), _ins(_RET, 0x00050000 | ENOSYS)]
     if "clone-namespaces" not in allow:

@@ -25,7 +25,8 @@ Long-lived processes (a bash session) use ``start_process``.
 Limits: memory and pids on the sandbox cgroup (all its commands together); CPU seconds, file size
 and open files per process through rlimits; with ``disk_mb`` the workspace and /tmp live on
 their own capped filesystem (``_disk.py``). Syscalls go through a seccomp filter
-(``_seccomp.py``: bwrap ``--seccomp`` for chains, the exec agent installs it per command). A timeout kills the chain and everything in the
+(``_seccomp.py``: bwrap ``--seccomp`` for chains; the exec agent installs it once, on
+itself, and its commands inherit it). A timeout kills the chain and everything in the
 command's cgroup. Without bubblewrap or cgroups the sandbox logs a WARNING naming what is
 missing and runs a plain subprocess with rlimits (``require_isolation=True`` raises instead).
 Files move through the sandbox's own processes (``cat``, ``tar``), never by host-side path
@@ -248,7 +249,7 @@ class LocalSandbox(ExecFileOps):
         assert self.cgroup is not None
         leaf = self.cgroup.new_leaf()
         inner = {"PATH": _PATH, "LANG": "C.UTF-8"}
-        if self._seccomp is not None:  # the agent installs it in each command's process
+        if self._seccomp is not None:  # the agent installs it on itself; commands inherit it
             inner[SECCOMP_ENV] = self._seccomp.hex()
         chain = self._isolation.argv(agent_argv(), workdir="/workspace", leaf=leaf, agent=True,
                                      inner_env=inner)  # fmt: skip

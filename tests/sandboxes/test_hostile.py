@@ -250,6 +250,7 @@ import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 NR = {"ptrace": (101, 0, 0, 0, 0), "unshare": (272, 0x10000000), "setns": (308, 0, 0),
+      "unshare_newpid": (272, 0x20000000),
       "mount": (165, b"none", b"/tmp", b"tmpfs", 0, 0), "keyctl": (250, 0, 0, 0, 0, 0),
       "add_key": (248, b"user", b"k", b"v", 1, 0xFFFFFFFD), "bpf": (321, 0, 0, 0),
       "perf_event_open": (298, 0, 0, -1, -1, 0), "kexec_load": (246, 0, 0, 0, 0),
@@ -261,13 +262,15 @@ for name in sys.argv[1:]:
         os._exit(0)
     print(name, r, ctypes.get_errno() if r < 0 else 0)
 """
-DOCKER_BLOCKS = ["unshare", "setns", "mount", "keyctl", "add_key", "bpf", "perf_event_open",
+DOCKER_BLOCKS = ["unshare", "unshare_newpid", "setns", "mount", "keyctl", "add_key", "bpf", "perf_event_open",
                  "kexec_load", "clone3", "clone_newuser"]  # fmt: skip
 
 
 async def test_dangerous_syscalls_are_refused(make: MakeSandbox, backend: str) -> None:
     """What Docker's default seccomp profile refuses, the local backend's filter refuses too
-    (and ptrace, userfaultfd); clone3 is ENOSYS so that libc falls back to clone."""
+    (and ptrace, userfaultfd); clone3 is ENOSYS so that libc falls back to clone. A bare
+    unshare(CLONE_NEWPID) passes the local filter (the exec agent needs it) but the kernel
+    refuses it: commands have no CAP_SYS_ADMIN."""
     if os.uname().machine != "x86_64":
         pytest.skip("the syscall numbers below are x86_64's")
     sb = await make()
