@@ -5,14 +5,16 @@
     logger.log({"rollout/reward_mean": 0.4, **timer.pop()}, step=3)
 
 A step's metrics go to every enabled backend: a rich table on the console (rank 0 only), one
-JSON object per line in ``<run_dir>/metrics.jsonl`` (the file tests and plots read back), and
-TensorBoard scalars in ``<run_dir>/tb``. ``progress()`` shows a rich progress bar for long work
+JSON object per line in ``<run_dir>/metrics.jsonl`` (the file tests and plots read back),
+TensorBoard scalars in ``<run_dir>/tb``, and a Weights & Biases run (``wandb.mode`` online or
+offline; files under ``<run_dir>/wandb``). ``progress()`` shows a rich progress bar for long work
 on a terminal; when stderr is a file or a pipe (CI, ``nohup``, a cluster job) it logs a line
 every ``every`` steps instead, with the elapsed time and an ETA.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -20,7 +22,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -135,6 +137,94 @@ class TensorBoardBackend:
         self._writer.close()
 
 
+class WandbBackend:
+    """A Weights & Biases run: each step's metrics at that step; its files in ``<run_dir>/wandb``.
+
+    One W&B run per logger: an RL run's SFT warm-up is a second run (job type ``sft``) and a
+    resumed run a new one, all in the group named after the run.
+    """
+
+    MODES = ("online", "offline", "disabled")
+
+    @dataclass(kw_only=True)
+    class Config:
+        mode: str = "disabled"
+        """online (sync while training), offline (write files; ``wandb sync`` later) or disabled."""
+        project: str = ""
+        """The W&B project; needed unless mode is disabled."""
+        entity: str = ""
+        """The W&B team or user; empty: your default entity."""
+        name: str = ""
+        """The W&B run's name; empty: the run's ``name`` (``<name>-sft`` for the warm-up)."""
+        group: str = ""
+        """The W&B group; empty: the run's ``name``."""
+        tags: list[str] = field(default_factory=list)
+
+        @property
+        def enabled(self) -> bool:
+            return self.mode != "disabled"
+
+        def validate(self) -> None:
+            """Raise ConfigError for an unknown mode, a missing project or a missing wandb."""
+            if self.mode not in WandbBackend.MODES:
+                raise ConfigError(
+                    f"logging.wandb.mode must be one of {', '.join(WandbBackend.MODES)}, "
+                    f"got {self.mode!r}"
+                )
+            if not self.enabled:
+                return
+            if not self.project:
+                raise ConfigError(
+                    f"logging.wandb.mode={self.mode} needs a project: set "
+                    "logging.wandb.project=<name> (or logging.wandb.mode=disabled)"
+                )
+            if importlib.util.find_spec("wandb") is None:
+                raise ConfigError(
+                    f"logging.wandb.mode={self.mode} needs the wandb package, which is not "
+                    "installed: pip install wandb (or pip install -e '.[wandb]'), or set "
+                    "logging.wandb.mode=disabled"
+                )
+
+    def __init__(
+        self,
+        cfg: WandbBackend.Config,
+        run_dir: Path,
+        *,
+        name: str,
+        job: str,
+        run_config: Mapping[str, object] | None = None,
+    ) -> None:
+        cfg.validate()
+        import wandb
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._run = wandb.init(
+                project=cfg.project,
+                entity=cfg.entity or None,
+                mode=cfg.mode,  # type: ignore[arg-type]
+                dir=str(run_dir),
+                name=cfg.name or (name if job == "rl" else f"{name}-{job}"),
+                group=cfg.group or name,
+                job_type=job,
+                tags=cfg.tags or None,
+                config=dict(run_config) if run_config is not None else None,
+                reinit="create_new",
+                settings=wandb.Settings(console="off"),  # metrics only; leave stdout alone
+            )
+        except wandb.errors.Error as e:
+            raise ConfigError(
+                f"W&B could not start a run ({type(e).__name__}: {e}); log in with `wandb login` "
+                "or WANDB_API_KEY, or use logging.wandb.mode=offline and `wandb sync` later"
+            ) from e
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self._run.log({k: float(v) for k, v in metrics.items()}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
 class ConsoleBackend:
     """A rich table per step: one row per area, its metrics side by side."""
 
@@ -169,7 +259,11 @@ def _fmt(v: float) -> str:
 
 
 class MetricsLogger:
-    """Send each step's metrics to the enabled backends. Only rank 0 writes anything."""
+    """Send each step's metrics to the enabled backends. Only rank 0 writes anything.
+
+    ``name`` (default: the run directory's name), ``job`` (``rl``, ``sft``) and ``run_config``
+    label the run for backends that keep runs apart (W&B: run name, group, job type, config).
+    """
 
     @dataclass(kw_only=True)
     class Config:
@@ -179,8 +273,23 @@ class MetricsLogger:
         """Append to <run_dir>/metrics.jsonl."""
         tensorboard: bool = False
         """Write TensorBoard scalars to <run_dir>/tb."""
+        wandb: WandbBackend.Config = field(default_factory=lambda: WandbBackend.Config())
+        """Weights & Biases (off by default): ``logging.wandb.mode=offline`` or ``online``."""
 
-    def __init__(self, cfg: MetricsLogger.Config, run_dir: str | Path, *, rank: int = 0) -> None:
+        def validate(self) -> None:
+            self.wandb.validate()
+
+    def __init__(
+        self,
+        cfg: MetricsLogger.Config,
+        run_dir: str | Path,
+        *,
+        rank: int = 0,
+        name: str | None = None,
+        job: str = "rl",
+        run_config: Mapping[str, object] | None = None,
+    ) -> None:
+        cfg.validate()
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.backends: list[Backend] = []
@@ -190,6 +299,10 @@ class MetricsLogger:
             self.backends.append(JsonlBackend(self.run_dir / "metrics.jsonl"))
         if cfg.tensorboard:
             self.backends.append(TensorBoardBackend(self.run_dir / "tb"))
+        if cfg.wandb.enabled:
+            name = name or self.run_dir.name
+            wandb = WandbBackend(cfg.wandb, self.run_dir, name=name, job=job, run_config=run_config)
+            self.backends.append(wandb)
         if cfg.console:
             self.backends.append(ConsoleBackend())
 

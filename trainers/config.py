@@ -14,7 +14,7 @@ RunConfig
 ├── critic      the critic's engine (adv_estimator=gae only)
 ├── inference   inference servers: backend (embedded, vLLM, SGLang), count, placement, sync
 ├── checkpoint  where / how often / how many
-├── logging     console / JSONL / TensorBoard
+├── logging     console / JSONL / TensorBoard / Weights & Biases
 ├── sft         warm-up on env demonstrations before RL
 └── eval        evaluation before / after / during training
 
@@ -380,6 +380,7 @@ class RunConfig:
         _validate_shapes(self)
         _validate_names(self)
         _validate_algo_options(self)
+        self.logging.validate()
         self.reward.build_rubric()
 
 

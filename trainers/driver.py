@@ -46,7 +46,7 @@ from agentrl.algos.filters import group_has_signal
 from agentrl.algos.ops import scatter_to_last_token
 from agentrl.batch import TrainBatch
 from agentrl.chat import ChatTemplate
-from agentrl.config import to_yaml
+from agentrl.config import to_dict, to_yaml
 from agentrl.distributed import ResourcePool, WorkerGroup
 from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError, TrainingError
@@ -145,7 +145,9 @@ class Trainer:
         self._build_workers()
         if state is not None:
             self._restore(state)
-        self.metrics_log = MetricsLogger(cfg.logging, self.run_dir)
+        self.metrics_log = MetricsLogger(
+            cfg.logging, self.run_dir, name=cfg.name, run_config=to_dict(cfg)
+        )
 
     # ------------------------------------------------------------------ one RL step
     def step(self) -> dict[str, float]:

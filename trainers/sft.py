@@ -26,6 +26,7 @@ from typing import Any
 
 from agentrl.batch import TrainBatch
 from agentrl.chat import ChatTemplate
+from agentrl.config import to_dict
 from agentrl.env import make_env
 from agentrl.errors import ConfigError, TokenizationError
 from agentrl.logging import MetricsLogger, mean_metrics, progress
@@ -229,7 +230,8 @@ def run_sft(cfg: RunConfig, model: Path, out: Path, *, num_threads: int) -> dict
         kwargs={"cfg": engine_cfg, "num_threads": num_threads, "megatron": cfg.megatron},
         name="sft",
     )
-    log = MetricsLogger(replace(cfg.logging, console=False), out.parent / "sft_logs")
+    log = MetricsLogger(replace(cfg.logging, console=False), out.parent / "sft_logs",
+                        name=cfg.name, job="sft", run_config=to_dict(cfg))  # fmt: skip
     last: list[dict[str, float]] = []
     try:
         batches = sft_batches(
