@@ -10,6 +10,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.logging import MetricsLogger, Timer, WandbBackend, mean_metrics, read_jsonl
+from tests import docblocks
 
 
 def test_jsonl_and_tensorboard_receive_every_step(tmp_path) -> None:
@@ -196,3 +197,24 @@ def test_run_config_takes_wandb_overrides_and_validates_them() -> None:
     assert load_run_config(None, [env]).logging.wandb.mode == "disabled"  # off by default
     with pytest.raises(ConfigError, match=r"logging\.wandb\.project"):
         load_run_config(None, [env, "logging.wandb.mode=online"]).validate()
+
+
+# ------------------------------------------------------------------ docs/guides/logging.md
+
+
+def test_logging_guide_examples_run(tmp_path) -> None:
+    """The guide's Python blocks, in a fresh interpreter; W&B's own files stay in tmp_path."""
+    env = {f"WANDB_{k}_DIR": str(tmp_path / k.lower()) for k in ("CONFIG", "CACHE", "DATA")}
+    blocks = docblocks.runnable("docs/guides/logging.md", "python")
+    done = docblocks.run_python(blocks, cwd=tmp_path, env=env, timeout_s=180)
+    assert "/wandb/offline-run-" in done.stdout
+
+
+def test_logging_guide_recipe_fragment_loads_and_turns_wandb_on(tmp_path) -> None:
+    from trainers.config import load_run_config
+
+    (fragment,) = docblocks.blocks("docs/guides/logging.md", "yaml")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(fragment.code)
+    cfg = load_run_config(recipe, ["data.envs=[{id: arith/Calculator-v0}]"]).logging.wandb
+    assert (cfg.mode, cfg.project, cfg.tags) == ("offline", "agentrl", ["quickstart"])

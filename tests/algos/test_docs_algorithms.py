@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 from agentrl.algos import ADV_ESTIMATORS
-
-DOC = Path(__file__).resolve().parents[2] / "docs" / "guides" / "algorithms.md"
+from tests import docblocks
 
 
 def test_algorithms_guide_examples_run() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    blocks = docblocks.runnable("docs/guides/algorithms.md", "python")
     assert len(blocks) >= 6
     namespace: dict[str, object] = {}
     try:
-        for i, code in enumerate(blocks):
-            exec(compile(code, f"{DOC.name}[block {i}]", "exec"), namespace)
+        docblocks.exec_blocks(blocks, namespace)
     finally:
         ADV_ESTIMATORS.unregister("score_minus_batch_mean")

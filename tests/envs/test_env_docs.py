@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from agentrl.env import ENVS
-
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "register-an-env.md"
+from tests import docblocks
 
 
 def test_register_an_env_guide_examples_run() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
+    blocks = docblocks.runnable("docs/guides/register-an-env.md", "python")
     assert len(blocks) >= 4
     namespace: dict[str, object] = {"__name__": "register_an_env_guide"}
     try:
-        for i, block in enumerate(blocks):
-            exec(compile(block, f"{GUIDE.name}[block {i}]", "exec"), namespace)
+        docblocks.exec_blocks(blocks, namespace)
     finally:
         ENVS.unregister("demo/Reverse-v0")
+
+
+def test_register_an_env_guide_commands_run(tmp_path: Path) -> None:
+    """The shell commands, with "the two blocks above saved as reverse_env.py"."""
+    write, register, *_ = docblocks.runnable("docs/guides/register-an-env.md", "python")
+    (tmp_path / "reverse_env.py").write_text(write.code + register.code)
+    (commands,) = docblocks.runnable("docs/guides/register-an-env.md", "bash")
+    done = docblocks.run_bash(commands, cwd=tmp_path)
+    assert "demo/Reverse-v0" in done.stdout
+    assert done.stdout.count("passed") >= 2, done.stdout

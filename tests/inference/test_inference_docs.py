@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "inference.md"
+from tests import docblocks
 
 
 @pytest.mark.slow
 def test_inference_guide_examples_run() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
+    # marked no-test on the page (each starts a server): this slow test runs them all
+    blocks = docblocks.blocks("docs/guides/inference.md", "python")
     assert len(blocks) == 2
     namespace: dict[str, object] = {"__name__": "inference_guide"}
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"{GUIDE.name}[block {i}]", "exec"), namespace)
+    docblocks.exec_blocks(blocks, namespace)

@@ -25,6 +25,7 @@ from agentrl.config import to_yaml
 from agentrl.errors import ConfigError
 from agentrl.logging import read_jsonl
 from agentrl.types import RolloutStatus, Sample, Segment, Trajectory, TrajectoryGroup
+from tests import docblocks
 from trainers.cli import train_main
 from trainers.config import load_run_config
 from trainers.driver import Trainer
@@ -157,7 +158,8 @@ def test_training_guide_option_snippets_validate(
 ) -> None:
     """Every recipe fragment of the guide's "Algorithm options" loads, its Python module too."""
     text = GUIDE.read_text().partition("## Algorithm options")[2].partition("\n## ")[0]
-    (module,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (module,) = [b.code for b in docblocks.runnable("docs/guides/training.md", "python")]
+    assert module in text  # the one python block, in this section
     fragments = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
     assert len(fragments) == 5
     (tmp_path / "my_rewards.py").write_text(module)

@@ -15,6 +15,7 @@ from agentrl.engine import EngineConfig, MicroBatch
 from agentrl.errors import ConfigError, TrainingError
 from agentrl.tiny import make_tiny_model
 from agentrl.types import Sample, Segment, Trajectory, TrajectoryGroup
+from tests import docblocks
 from trainers.engines import ENGINES
 from trainers.engines.torch_native import TorchEngine, lr_factor
 
@@ -311,11 +312,7 @@ def test_two_fsdp_ranks_match_one_rank(model_path: str, tmp_path: Path) -> None:
 
 
 def test_engines_guide_examples_run() -> None:
-    import re
-
-    guide = Path(__file__).resolve().parents[2] / "docs" / "guides" / "engines.md"
-    blocks = re.findall(r"```python\n(.*?)```", guide.read_text(), re.S)
+    blocks = docblocks.runnable("docs/guides/engines.md", "python")
     assert len(blocks) >= 4
     namespace: dict[str, object] = {"__name__": "engines_guide"}
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"{guide.name}[block {i}]", "exec"), namespace)
+    docblocks.exec_blocks(blocks, namespace)
