@@ -37,7 +37,7 @@ import psutil
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
 from sandboxes import _cgroup
-from sandboxes._disk import make_home, remove_home
+from sandboxes._disk import DEFAULT_DISK_MB, drop_stale_spares, make_home, remove_home
 from sandboxes._docker_exec import (
     REAPER_ENV,
     DockerProcess,
@@ -102,9 +102,10 @@ class DockerSandbox(ExecFileOps):
         nofile: int = 1024
         tmp_size_mb: int = 512
         """/tmp is a tmpfs of this size (memory, not disk)."""
-        disk_mb: int = 0
-        """Cap on the workspace: a sparse, loop-mounted ext4 of this size (needs root);
-        0: no cap, it shares root_dir's disk."""
+        disk_mb: int = DEFAULT_DISK_MB
+        """Cap on the workspace: it lives on its own ext4 of this size (a sparse, loop-mounted
+        image, ``_disk.py``; needs root and loop devices, else a WARNING and no cap). 0: no
+        cap, it shares root_dir's disk. (``/tmp`` is capped by ``tmp_size_mb``.)"""
         exec_timeout_s: float = 120.0
         max_output_bytes: int = 64 * 1024
         max_file_bytes: int = 64 * 1024 * 1024
@@ -136,7 +137,7 @@ class DockerSandbox(ExecFileOps):
         client = await in_thread(_client, config.base_url)
         home = root_dir(config.root_dir) / name
         try:
-            await make_home(home, config.disk_mb)
+            disk_mb = await make_home(home, config.disk_mb)
         except BaseException:
             with contextlib.suppress(Exception):
                 client.close()
@@ -155,7 +156,9 @@ class DockerSandbox(ExecFileOps):
             with contextlib.suppress(Exception):
                 client.close()
             raise
-        return cls(config, name, home, client, container)
+        sb = cls(config, name, home, client, container)
+        sb.disk_mb = disk_mb  # 0 when no cap could be made here (make_home warned)
+        return sb
 
     # --- commands --------------------------------------------------------------------------------
     async def exec(
@@ -332,6 +335,7 @@ class DockerSandbox(ExecFileOps):
             await remove_home(d)
         for img in root.glob(f"{prefix}*.img"):  # images whose mount point is gone
             img.unlink(missing_ok=True)
+        await asyncio.to_thread(drop_stale_spares)
         return SweepReport(containers=len(victims), dirs=len(dirs))
 
 

@@ -49,7 +49,7 @@ from typing import IO, Any, Self
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
 from sandboxes import _cgroup, _seccomp
-from sandboxes._disk import make_home, remove_home
+from sandboxes._disk import DEFAULT_DISK_MB, drop_stale_spares, make_home, remove_home
 from sandboxes._exec_agent import MAX_STDIN, SECCOMP_ENV, AgentSlot, ExecAgent, agent_argv
 from sandboxes._files import ExecFileOps
 from sandboxes._host import (
@@ -68,6 +68,12 @@ logger = logging.getLogger(__name__)
 
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_RO_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
+HARDENING_OFF: dict[str, object] = {"seccomp": False, "disk_mb": 0}
+"""The local backend's hardening, turned off. The defaults are hardened: the seccomp filter
+(``seccomp=True``) and a disk cap on the workspace and /tmp (``disk_mb=DEFAULT_DISK_MB``);
+``make_sandbox("local", **HARDENING_OFF)`` is the unhardened baseline that
+``benchmarks/sandbox.py`` measures their cost against (goal: <= 10% of exec and create p50).
+Isolation that is not a knob (namespaces, cgroup limits, rlimits, uid drop) is on in both."""
 
 
 class LocalSandbox(ExecFileOps):
@@ -88,9 +94,11 @@ class LocalSandbox(ExecFileOps):
         """RLIMIT_CPU per process."""
         file_size_mb: int = 1024
         """RLIMIT_FSIZE: the largest file a process may write."""
-        disk_mb: int = 0
+        disk_mb: int = DEFAULT_DISK_MB
         """Cap on the workspace and /tmp together: they live on their own ext4 of this size
-        (a sparse, loop-mounted image; needs root). 0: no cap, they share root_dir's disk."""
+        (a sparse, loop-mounted image, ``_disk.py``; needs root and loop devices, else a
+        WARNING and no cap, or ``SandboxError`` with ``require_isolation``). 0: no cap, they
+        share root_dir's disk."""
         nofile: int = 1024
         uid: int = 65534
         """When started as root, run commands as this uid/gid (-1: stay root)."""
@@ -162,7 +170,7 @@ class LocalSandbox(ExecFileOps):
         home = root_dir(config.root_dir) / name
         if uid is not None:
             check_traversable(home.parent, uid)
-        await make_home(home, config.disk_mb)
+        disk_mb = await make_home(home, config.disk_mb, required=config.require_isolation)
         cg = None
         try:
             for sub in ("ws", "tmp"):
@@ -183,6 +191,7 @@ class LocalSandbox(ExecFileOps):
             await asyncio.shield(remove_home(home))
             raise
         sb = cls(config, name, home, cg, bwrap, uid)
+        sb.disk_mb = disk_mb  # 0 when no cap could be made here (make_home warned)
         try:
             await sb._agent.get()  # started now: commands never wait for it
         except BaseException:
@@ -419,6 +428,7 @@ class LocalSandbox(ExecFileOps):
                 dirs += 1
             elif d.name.startswith(prefix) and d.name.endswith(".img"):
                 d.unlink(missing_ok=True)  # an image whose mount point is gone
+        await asyncio.to_thread(drop_stale_spares)
         return SweepReport(processes=procs + cg_procs, cgroups=groups, dirs=dirs)
 
     def _check_open(self) -> None:

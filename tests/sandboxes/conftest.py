@@ -79,6 +79,10 @@ def leftovers(sb: Sandbox) -> list[str]:
     home = getattr(sb, "home", None)
     if home is not None and Path(home).exists():
         left.append(f"dir {home}")
+    if home is not None and Path(f"{home}.img").exists():
+        left.append(f"disk image {home}.img")
+    if home is not None and f" {home} " in Path("/proc/mounts").read_text():
+        left.append(f"mount {home}")
     container = getattr(sb, "container", None)
     if container is not None:
         import docker.errors

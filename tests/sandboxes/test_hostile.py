@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import SandboxError
+from sandboxes._disk import backing_file
 from tests.sandboxes.conftest import (
     MakeSandbox,
     disk_cap_ready,
@@ -323,7 +324,8 @@ async def test_disk_cap_holds_for_workspace_and_tmp(make: MakeSandbox, backend: 
     home = Path(getattr(sb, "home", ""))
     used = sum(p.stat().st_blocks * 512 for p in home.rglob("*") if p.is_file())
     assert used <= 32 << 20
-    image = home.with_name(home.name + ".img")
+    image = backing_file(home)
+    assert image is not None and image == home.with_name(home.name + ".img")
     assert image.stat().st_blocks * 512 <= 33 << 20  # sparse: what was written, at most
     await sb.exec("rm -f big.bin", timeout_s=10)
     await sb.write_file("small.txt", "fits")  # space comes back

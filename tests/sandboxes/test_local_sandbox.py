@@ -190,7 +190,8 @@ async def test_sweep_removes_leftovers_of_a_killed_run(sandbox_root: str) -> Non
                 break
             await asyncio.sleep(0.01)
         assert "sleep" in names and "bwrap" not in names
-        assert sum(p.name.startswith(prefix) for p in Path(sandbox_root).iterdir()) == 2
+        homes = [p for p in Path(sandbox_root).iterdir() if p.name.startswith(prefix)]
+        assert sum(p.is_dir() for p in homes) == 2  # and their disk images, p.img
     finally:  # the sweep under test also keeps a failed run from leaking
         report = await sweep("local", prefix, LocalSandbox.Config(root_dir=sandbox_root))
 
@@ -250,3 +251,71 @@ async def test_sweep_unmounts_the_capped_disk_of_a_killed_run(sandbox_root: str)
     assert not os.path.ismount(home) and not home.exists()
     assert not home.with_name(home.name + ".img").exists()
     assert str(home) not in Path("/proc/mounts").read_text()
+
+
+@pytest.mark.skipif(disk_cap_ready() is not None, reason=str(disk_cap_ready()))
+async def test_disk_cap_is_on_by_default_and_never_shared(make: MakeSandbox) -> None:
+    """The defaults cap the writable space (workspace and /tmp on one filesystem of
+    DEFAULT_DISK_MB); homes made from spare filesystems prepared ahead are each their own."""
+    from sandboxes import _disk
+    from sandboxes.local import DEFAULT_DISK_MB, LocalSandbox
+
+    boxes = [await make() for _ in range(3)]  # the 2nd and 3rd use spares made meanwhile
+    devices = set()
+    for sb in boxes:
+        assert isinstance(sb, LocalSandbox) and sb.disk_mb == DEFAULT_DISK_MB
+        r = await sb.exec(
+            "df -k /workspace /tmp | tail -2; stat -c %d /workspace /tmp", timeout_s=10
+        )
+        sizes = [int(line.split()[1]) for line in r.stdout.splitlines()[:2]]
+        assert all(0.9 * (DEFAULT_DISK_MB << 10) < k <= DEFAULT_DISK_MB << 10 for k in sizes), r
+        ws_dev, tmp_dev = r.stdout.split()[-2:]
+        assert ws_dev == tmp_dev  # one cap for both
+        home = sb.home
+        devices.add(os.stat(home).st_dev)
+        assert _disk.backing_file(home) == home.with_name(home.name + ".img")
+        assert not (home / "lost+found").exists()
+    assert len(devices) == 3
+    await boxes[0].write_file("only-here.txt", "x")
+    assert (await boxes[1].exec("ls", timeout_s=10)).stdout == ""
+
+
+async def test_disk_cap_falls_back_with_a_warning(
+    make: MakeSandbox, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no capped filesystem can be made (no root, no loop devices), a sandbox runs
+    without the cap and says so once; require_isolation refuses instead."""
+    from sandboxes import _disk
+    from sandboxes.local import LocalSandbox
+
+    monkeypatch.setattr(_disk, "unavailable", lambda: "no loop devices in this test")
+    _disk._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="sandboxes._disk"):
+        sb = await make(disk_mb=64)
+    assert "disk_mb=64 is off: no loop devices in this test" in caplog.text
+    assert isinstance(sb, LocalSandbox) and sb.disk_mb == 0
+    assert not os.path.ismount(sb.home)
+    assert (await sb.exec("echo ok", timeout_s=10)).stdout == "ok\n"
+    with pytest.raises(SandboxError, match="disk_mb=64: no loop devices in this test"):
+        await make(disk_mb=64, require_isolation=True)
+    assert await make(disk_mb=0)  # asked for no cap: no warning
+    assert caplog.text.count("is off") == 1
+
+
+@pytest.mark.skipif(disk_cap_ready() is not None, reason=str(disk_cap_ready()))
+async def test_a_forked_child_never_mounts_its_parents_spare(make: MakeSandbox) -> None:
+    """A spare filesystem belongs to the process that made it: a fork (multiprocessing's
+    default start method) forgets them, so two processes never mount the same one."""
+    from sandboxes import _disk
+
+    await make(disk_mb=32)
+    for _ in range(200):  # the spare is made in the background
+        if _disk._spares.get(32):
+            break
+        await asyncio.sleep(0.01)
+    assert _disk._spares.get(32), "no spare was made"
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if not _disk._spares and not _disk._worker else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert _disk._spares.get(32)  # the parent keeps its own
