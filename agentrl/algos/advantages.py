@@ -54,6 +54,7 @@ from agentrl.algos.ops import (
     check_same_shape,
     check_token_or_row,
     discounted_reverse_cumsum,
+    empty_output,
     final_reward_returns,
     float_mask,
     group_mean_std,
@@ -187,8 +188,8 @@ def gae(
     """
     check_same_shape("values", values, "token_rewards", token_rewards)
     check_same_shape("mask", mask, "token_rewards", token_rewards)
-    adv = torch.empty_like(token_rewards, memory_format=torch.contiguous_format)
-    ret = torch.empty_like(adv)
+    adv = empty_output(token_rewards.shape, like=token_rewards)
+    ret = empty_output(token_rewards.shape, like=token_rewards)
     b, t = adv.shape
     # Long horizons (gamma * lam near 1) sum thousands of deltas, each rounded in float32 (the
     # sum's error grows like sqrt(T) eps); there the deltas and the scan of a chunk, in
@@ -334,7 +335,7 @@ def reinforce_pp_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[
     returns = masked_discounted_returns(
         inp.token_rewards, inp.response_mask, cfg.gamma, on_chunk=acc.add
     )
-    adv = torch.empty_like(returns)
+    adv = empty_output(returns.shape, like=returns)
     return whiten_into(adv, returns, inp.response_mask, acc.result()), returns
 
 

@@ -30,7 +30,7 @@ from enum import StrEnum
 import torch
 from torch import Tensor
 
-from agentrl.algos.ops import Scratch, float_mask, is_row_broadcast, row_chunks
+from agentrl.algos.ops import Scratch, empty_output, float_mask, is_row_broadcast, row_chunks
 from agentrl.errors import ConfigError
 
 
@@ -243,7 +243,7 @@ def masked_whiten(
         mean = masked_mean(x, mask)
         out = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
         return (out if shift_mean else out + mean) * m
-    out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
+    out = x if inplace else empty_output(x.shape, like=x)
     return whiten_into(out, x, mask, masked_moments(x, mask), shift_mean=shift_mean, eps=eps)
 
 

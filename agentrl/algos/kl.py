@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.aggregation import Aggregation, masked_mean
-from agentrl.algos.ops import check_same_shape, row_chunks
+from agentrl.algos.ops import check_same_shape, empty_output, row_chunks
 from agentrl.algos.registry import KL_PENALTIES, register_kl
 from agentrl.errors import ConfigError
 
@@ -68,7 +68,7 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     if tracked or logprobs.shape != ref_logprobs.shape or logprobs.dim() != 2:
         log_ratio = (ref_logprobs - logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
         return (log_ratio.exp() - log_ratio - 1).clamp(-10.0, 10.0)
-    out = torch.empty_like(logprobs, memory_format=torch.contiguous_format)
+    out = empty_output(logprobs.shape, like=logprobs)
     for rows in row_chunks(out.shape[0], out.shape[1], out.device):
         d = torch.sub(ref_logprobs[rows], logprobs[rows]).clamp_(
             -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP

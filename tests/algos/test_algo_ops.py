@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+import agentrl.algos.ops as ops
 from agentrl.algos.ops import (
     BLOCK,
     TokenLayout,
     compact_index,
     discounted_reverse_cumsum,
+    empty_output,
     final_reward_returns,
     group_mean_std,
     is_prefix_mask,
@@ -80,6 +82,66 @@ def test_masked_discounted_returns_skips_holes() -> None:
     # generated tokens: r = 1, 0, 2 -> G = 1 + 0.5*(0 + 0.5*2) = 1.5, 1, 2
     got = masked_discounted_returns(r, mask, 0.5)
     torch.testing.assert_close(got, torch.tensor([[1.5, 0.0, 1.0, 2.0, 0.0]]))
+
+
+def _loop_masked_returns(r: torch.Tensor, m: torch.Tensor, gamma: float) -> torch.Tensor:
+    """verl's loop: holes carry the running return unchanged; rewards on them are dropped."""
+    out = torch.zeros_like(r)
+    run = torch.zeros(r.shape[0], dtype=r.dtype)
+    for t in reversed(range(r.shape[1])):
+        new = r[:, t] * m[:, t] + gamma * run
+        out[:, t] = new * m[:, t]
+        run = new * m[:, t] + run * (1 - m[:, t])
+    return out
+
+
+@pytest.mark.parametrize("gamma", [0.05, 0.3, 0.9, 0.99, 0.999])
+@pytest.mark.parametrize("t", [7, 16, 33, 150, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_masked_discounted_returns_match_the_loop(gamma: float, t: int, dtype: torch.dtype) -> None:
+    """Both ways of skipping holes (counting them, or packing the generated tokens first when
+    gamma^T would leave float64) against the loop; rewards on holes are dropped."""
+    g = torch.Generator().manual_seed(t)
+    r = torch.randn(6, t, generator=g, dtype=torch.float64)
+    m = (torch.rand(6, t, generator=g) > 0.3).double()
+    m[0] = 0.0  # a row with no generated token
+    m[1] = 1.0  # and one without holes
+    got = masked_discounted_returns(r.to(dtype), m.to(dtype), gamma)
+    tol = 1e-5 if dtype == torch.float32 else 1e-7
+    torch.testing.assert_close(got.double(), _loop_masked_returns(r, m, gamma), rtol=tol, atol=tol)
+
+
+def test_count_scan_covers_the_usual_discounts_and_falls_back_past_float64() -> None:
+    assert ops._count_scan_fits(8192, 0.99, torch.float32)
+    assert ops._count_scan_fits(8192, 0.999, torch.float64)
+    assert not ops._count_scan_fits(8192, 0.9, torch.float32)  # 0.9^8192 underflows float64
+    assert not ops._count_scan_fits(16, 0.05, torch.float32)  # 0.05^-16 in float32: too close
+    assert not ops._count_scan_fits(64, 0.99, torch.bfloat16)  # packed path for half types
+    assert not ops._count_scan_fits(64, 1.0, torch.float32)  # gamma 1 needs no skipping at all
+
+
+def test_empty_output_asks_for_huge_pages_inside_the_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[int, int, int]] = []
+    page = 1 << 16  # a small "huge page", so the test allocates little
+
+    def madvise(addr: int, n: int, advice: int) -> int:
+        calls.append((addr, n, advice))
+        return 0
+
+    monkeypatch.setattr(ops, "_huge_page_advice", lambda: (madvise, page))
+    like = torch.zeros(2, 3, dtype=torch.float64)
+    out = empty_output((100, 1000), like=like)
+    assert out.shape == (100, 1000) and out.dtype == torch.float64 and out.is_contiguous()
+    ((addr, n, advice),) = calls
+    start, end = out.data_ptr(), out.data_ptr() + out.nbytes
+    assert advice == ops.MADV_HUGEPAGE and addr % page == 0 and n % page == 0
+    assert start <= addr and addr + n <= end and n >= out.nbytes - 2 * page
+    assert empty_output((10,), like=like, dtype=torch.float32).dtype == torch.float32
+    assert len(calls) == 1  # too small to hold an aligned huge page: plain torch.empty
+    monkeypatch.setattr(ops, "_huge_page_advice", lambda: None)
+    assert empty_output((100, 1000), like=like).shape == (100, 1000)
 
 
 def test_group_mean_std_noncontiguous_ids_and_singletons() -> None:
