@@ -10,7 +10,8 @@ requests (create, exec, write_file, upload) carry a fresh request id that a retr
 command never runs twice and a create retried after a lost response gets the sandbox the first
 try made. The server's structured errors come back as the exceptions a local sandbox raises:
 ``FileNotFoundError``, ``IsADirectoryError``, ``PermissionError``, else ``SandboxError``. ``start_process`` gives a
-``RemoteProcess`` whose reads long-poll the server, so the bash tool works unchanged.
+``RemoteProcess`` whose reads long-poll the server, so the bash tool works unchanged, its
+fork-bomb recovery included (``pids_in_use`` asks the server).
 Files and directories move as request bodies (a tar for directories and downloads; links
 that leave the tree are refused on extraction, as locally).
 """
@@ -76,6 +77,7 @@ class RemoteSandbox(Sandbox):
         self.name = name
         self.workdir = workdir
         self._closed = False
+        self._pids_route = True  # False once the server answered that it has none
 
     @classmethod
     def _api(cls, config: Config) -> ApiClient:
@@ -182,6 +184,22 @@ class RemoteSandbox(Sandbox):
         r = await self._post("processes", json={"argv": argv, "cwd": cwd,
                                                 "env": dict(env) if env else None})  # fmt: skip
         return RemoteProcess(self, r.json()["pid"])
+
+    async def pids_in_use(self) -> tuple[int, int] | None:
+        """The server's sandbox's (processes in use, pids limit), so the bash tool's fork-bomb
+        recovery works remotely; None when its backend cannot tell or the server is older
+        than the ``pids`` route."""
+        if self._closed:
+            raise SandboxError(f"sandbox {self.name} is closed")
+        if not self._pids_route:
+            return None
+        r = await self.api.send("POST", f"/sandboxes/{self.id}/pids", json={},
+                                headers=self._headers)  # fmt: skip
+        if r.status_code in (404, 405) and api_error(r)[0] == "http":  # no such route there
+            self._pids_route = False
+            return None
+        out = _json(r)
+        return None if out.get("used") is None else (int(out["used"]), int(out["limit"]))
 
     async def is_alive(self) -> bool:
         return not self._closed and await super().is_alive()

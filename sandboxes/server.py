@@ -9,6 +9,7 @@
     POST   /sandboxes/{id}/write_file      {path, data_b64, mode, request_id}
     POST   /sandboxes/{id}/upload?path=&is_dir=&request_id=    body: the file, or a tar of a dir
     POST   /sandboxes/{id}/download        {path} -> a tar of the file or directory
+    POST   /sandboxes/{id}/pids            -> {used, limit} (null, null: the backend cannot tell)
     POST   /sandboxes/{id}/processes       {argv, cwd, env} -> {pid}; then .../{pid}/write|read|
                                            interrupt|kill   (long-lived shells, e.g. the bash tool)
     DELETE /sandboxes/{id}                 POST /sandboxes/sweep {prefix}    GET /health (no auth)
@@ -23,7 +24,8 @@ still being made, and another request asking for a name in use is refused (409).
 without a request id and with the name of an existing sandbox gets that sandbox (older clients),
 unless per-sandbox tokens are on (the default): then it is refused (409) like any other.
 Clients may set only the config keys
-in ``allowed_options`` (limits, by default; never paths). Mutating calls carry a request id
+in ``allowed_options`` (limits, by default; never paths); the operator sets the rest of the
+backend's config with ``--sandbox-option KEY=JSON`` (e.g. ``disk_mb=8192``). Mutating calls carry a request id
 and a retried id is answered from a cache, so a command never runs twice. Failures travel as
 ``{"error": {"type", "message"}}``: file errors keep their Python type (``file_not_found``,
 ``is_a_directory``, ``permission_denied``), sandbox failures are ``sandbox_error``. Sandboxes
@@ -37,6 +39,7 @@ import asyncio
 import base64
 import contextlib
 import io
+import json
 import logging
 import re
 import secrets
@@ -55,7 +58,7 @@ from pydantic import BaseModel, Field
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.http_guard import SESSION_HEADER, HttpGuard, Refusal, header, tokens_equal
-from agentrl.sandbox import Sandbox, make_sandbox, new_name, sweep
+from agentrl.sandbox import Sandbox, build_config, make_sandbox, new_name, sandbox_class, sweep
 from agentrl.toolserver.http import (
     NO_DOCS,
     ApiError,
@@ -345,6 +348,11 @@ def _router(srv: SandboxServer) -> APIRouter:
                       req.request_id)  # fmt: skip
         return {"ok": True}
 
+    @r.post("/{sid}/pids")
+    async def pids(sid: str) -> dict[str, int | None]:
+        usage = await srv.use(sid, lambda e: e.sandbox.pids_in_use())
+        return {"used": usage[0], "limit": usage[1]} if usage else {"used": None, "limit": None}
+
     _transfer_routes(r, srv)
 
     @r.post("/sweep")
@@ -419,14 +427,35 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-sandboxes", type=int, default=64)
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body")
     p.add_argument("--max-upload-mb", type=float, default=1024.0, help="largest upload body")
+    p.add_argument("--no-sandbox-tokens", action="store_true",
+                   help="no per-sandbox token: any holder of --token may use any sandbox")  # fmt: skip
+    p.add_argument("--sandbox-option", action="append", default=[], metavar="KEY=JSON",
+                   help="the backend's config for every sandbox, e.g. disk_mb=8192 or "
+                   'seccomp=false or \'ro_paths=["/usr","/opt/venv"]\' (repeatable)')  # fmt: skip
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     check_bind(a.host, a.token)
     cfg = SandboxServer.Config(token=a.token, backend=a.backend, max_sandboxes=a.max_sandboxes,
                                max_body_bytes=int(a.max_body_mb * (1 << 20)),
-                               max_upload_bytes=int(a.max_upload_mb * (1 << 20)))  # fmt: skip
-    uvicorn.run(SandboxServer(cfg).app(), host=a.host, port=a.port, log_level="warning",
-                loop=SERVER_LOOP)  # fmt: skip
+                               max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
+                               sandbox_tokens=not a.no_sandbox_tokens)  # fmt: skip
+    sandbox_cfg = build_config(sandbox_class(a.backend), None, _options(a.sandbox_option))
+    uvicorn.run(SandboxServer(cfg, sandbox_cfg).app(), host=a.host, port=a.port,
+                log_level="warning", loop=SERVER_LOOP)  # fmt: skip
+
+
+def _options(items: list[str]) -> dict[str, Any]:
+    """``KEY=JSON`` pairs (a value that is not JSON is taken as a string)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--sandbox-option {item!r} is not KEY=VALUE, e.g. disk_mb=8192")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
 
 
 if __name__ == "__main__":

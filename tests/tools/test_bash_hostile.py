@@ -6,15 +6,20 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
+import httpx2
 import pytest
 
 from agentrl.sandbox import Sandbox, make_sandbox, new_name
+from agentrl.toolserver.http import ServerThread
+from sandboxes.remote import RemoteSandbox
 from tests.sandboxes.conftest import BACKENDS, docker_ready, leftovers, local_ready
 from tools.bash import bash
 
 MakeBox = Callable[..., Awaitable[Sandbox]]
+TOKEN = "bash-hostile-token-0123456789"
 
 
 @pytest.fixture(params=BACKENDS)
@@ -43,12 +48,57 @@ async def make(request: pytest.FixtureRequest) -> AsyncIterator[MakeBox]:
         assert left == [], f"sandbox leaked: {left}"
 
 
+@pytest.fixture
+def sandbox_server() -> Iterator[str]:
+    """A sandbox server (local backend) on loopback; its sandboxes are leak-checked."""
+    from sandboxes.local import LocalSandbox
+    from sandboxes.server import SandboxServer
+
+    if why := local_ready():
+        pytest.skip(why)
+    root = tempfile.mkdtemp(prefix="agentrl-bashremote-")
+    os.chmod(root, 0o711)
+    srv = SandboxServer(SandboxServer.Config(token=TOKEN), LocalSandbox.Config(root_dir=root))
+    try:
+        with ServerThread(srv.app()) as url:
+            yield url
+        assert srv.entries == {} and list(Path(root).iterdir()) == [], "sandboxes left behind"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 async def run(sb: Sandbox, command: str, **kw: object) -> str:
     return await bash(command=command, sandbox=sb, **kw)  # type: ignore[no-any-return]
 
 
 async def test_fork_bomb_recovers_the_session(make: MakeBox) -> None:
-    sb = await make(pids_max=64)
+    await bomb_and_recover(await make(pids_max=64))
+
+
+async def test_fork_bomb_recovers_a_remote_session(sandbox_server: str) -> None:
+    """Through a sandbox server on loopback: the client reads the sandbox's pids through the
+    server (a route the session token guards), so the bash tool recovers remotely too."""
+    url = sandbox_server
+    sb = await make_sandbox("remote", url=url, token=TOKEN, options={"pids_max": 64})
+    other = await make_sandbox("remote", url=url, token=TOKEN)
+    assert isinstance(sb, RemoteSandbox) and isinstance(other, RemoteSandbox)
+    try:
+        usage = await sb.pids_in_use()
+        assert usage is not None and usage[1] == 64 and 0 < usage[0] < 16, usage
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx2.AsyncClient(base_url=url, timeout=30) as c:
+            for headers in (auth, {**auth, **other._headers}):  # no token, another's token
+                r = await c.post(f"/sandboxes/{sb.id}/pids", json={}, headers=headers)
+                assert r.status_code == 403, r.text
+            r = await c.post(f"/sandboxes/{sb.id}/pids", json={}, headers=sb._headers)
+            assert r.status_code == 401  # and the server's bearer token
+        await bomb_and_recover(sb)
+    finally:
+        await sb.close()
+        await other.close()
+
+
+async def bomb_and_recover(sb: Sandbox) -> None:
     await run(sb, "cd /tmp && export KEEP=1")
     notes = [await run(sb, ":(){ :|:& };:", timeout=20)]
     for _ in range(5):  # said by the bomb's own call, or at the latest by the next one
