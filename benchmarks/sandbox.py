@@ -1,15 +1,17 @@
 """Sandbox latency and throughput per backend, next to SWE-ReX and two floors, in one run.
 
-    python benchmarks/sandbox.py [--n 40] [--sandboxes 8] [--per-sandbox 5] [--targets ...]
-        (default targets: local,local-chain,local-bash,remote,docker,swerex,swerex-bash,
-         swerex-bash-stock,bwrap,pipe-shell,subprocess)
+    python benchmarks/sandbox.py [--n 40] [--creates 20] [--sandboxes 8] [--per-sandbox 5]
+                                 [--targets ...]
+        (default targets: local,local-unhardened,local-chain,local-bash,remote,
+         remote-unhardened,docker,swerex,swerex-bash,swerex-bash-stock,bwrap,pipe-shell,
+         subprocess)
 
 For each target: exec latency for ``echo hi``, ``python3 -c pass`` and ``ls /`` (p50/p99 over
 ``--n`` runs in one sandbox per target; the runs are interleaved, round by round, over all
 targets, so a shared machine's load falls on every target alike), then create latency, the
-first exec after create, destroy latency, and concurrent exec throughput (``--sandboxes``
-fresh sandboxes, ``--per-sandbox`` ``echo hi`` each, all at once; this includes each
-sandbox's first exec), target after target.
+first exec after create and destroy latency (``--creates`` rounds, interleaved the same way),
+then concurrent exec throughput (``--sandboxes`` fresh sandboxes, ``--per-sandbox``
+``echo hi`` each, all at once; this includes each sandbox's first exec), target after target.
 Every target runs with the same ``PATH``, the one the local sandbox gives its commands
 (``/usr/local/sbin:...:/bin``): the benchmark sets it before anything starts, and exports it
 again in SWE-ReX's session (its bash runs in a pty, so it is interactive and reads
@@ -20,10 +22,18 @@ Targets:
 - ``local``: ``LocalSandbox.exec`` through the sandbox's exec agent (started once per sandbox,
   at create, through the bubblewrap + cgroup + rlimits chain; each command is then forked
   inside the sandbox into its own pid namespace);
+- ``local-unhardened``: the same with the hardening knobs off (``sandboxes.local.HARDENING_OFF``:
+  ``seccomp=False``, ``disk_mb=0``), the baseline of the hardening cost. ``local`` runs the
+  defaults, which are the hardened settings: the seccomp filter (installed once in the exec
+  agent, inherited by each command) and the disk cap (workspace and /tmp on their own
+  ``DEFAULT_DISK_MB`` ext4, mounted from a spare loop device made ahead);
 - ``local-chain``: ``LocalSandbox.exec`` with ``exec_agent=False`` (a fresh chain per command);
 - ``local-bash``: the ``bash`` tool's persistent shell in a local sandbox (``BashSession.run``);
 - ``remote``: ``RemoteSandbox.exec`` against ``python -m sandboxes.server`` (a subprocess on
-  loopback, local backend behind it);
+  loopback, local backend behind it), hardened: per-sandbox session tokens and the local
+  defaults behind it;
+- ``remote-unhardened``: the same against a second server started with
+  ``--no-sandbox-tokens --sandbox-option seccomp=false --sandbox-option disk_mb=0``;
 - ``docker``: ``DockerSandbox.exec``, only when a Docker engine and the image are present;
 - ``swerex``: SWE-ReX ``LocalRuntime.execute`` (``subprocess.run`` on the host, no isolation);
 - ``swerex-bash``: SWE-ReX ``LocalRuntime.run_in_session`` (its pexpect bash session, what
@@ -52,10 +62,13 @@ Without it its rows are skipped with a message. Its runtime calls block the even
 (synchronous ``subprocess.run`` / pexpect inside ``async def``), so its concurrent figure is
 serial, and its session's create includes a fixed 0.3 s sleep in ``BashSession.start``.
 
-Headline (the last line, JSON): ``ours`` is the sum of ``local``'s exec p50 over the three
-commands, ``baseline`` the same sum for ``swerex-bash`` (no send delay), ``ratio`` =
+Two headlines, JSON, at the end. The first: ``ours`` is the sum of ``local``'s exec p50 over
+the three commands, ``baseline`` the same sum for ``swerex-bash`` (no send delay), ``ratio`` =
 baseline / ours; goal: ratio >= 2 (isolated execs at least twice as fast as SWE-ReX's
-unisolated session). Per-command ratios to every baseline and floor are printed above it.
+unisolated session). The last line is the hardening cost: ``local`` (hardened defaults) over
+``local-unhardened``, for the exec p50 sum and for create p50; ``ratio`` is the larger of the
+two; goal: <= 1.10 (hardening costs at most 10%). Per-command ratios to every baseline and
+floor, the remote hardening ratios and the load average are printed above them.
 Figures on a shared 2-core machine vary with load; compare rows from the same run only. A
 target that fails (SWE-ReX's pexpect session sometimes times out under load) is reported and
 the others still run.
@@ -83,6 +96,10 @@ from typing import Any
 COMMANDS = ["echo hi", "python3 -c pass", "ls /"]
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # sandboxes.local
 GOAL_RATIO = 2.0  # swerex-bash p50 sum / local p50 sum
+GOAL_HARDENING = 1.10  # local p50 / local-unhardened p50, exec (summed) and create
+UNHARDENED_SERVER = ("--no-sandbox-tokens", "--sandbox-option", "seccomp=false",
+                     "--sandbox-option", "disk_mb=0")  # fmt: skip
+LOAD = os.getloadavg()
 TOKEN = "bench-token-0123456789"
 CGROUP_PARENT = f"agentrl-bench{os.getpid()}"
 
@@ -119,12 +136,14 @@ def pct(xs: list[float], q: int) -> float:
 
 # --- targets --------------------------------------------------------------------------------
 def local_targets(root: str) -> list[Target]:
-    from sandboxes.local import LocalSandbox
+    from agentrl.sandbox import build_config
+    from sandboxes.local import HARDENING_OFF, LocalSandbox
     from tools.bash import session_for
     from tools.swe import close_tools
 
     cfg = LocalSandbox.Config(root_dir=root, cgroup_parent=CGROUP_PARENT)
     chain_cfg = LocalSandbox.Config(root_dir=root, cgroup_parent=CGROUP_PARENT, exec_agent=False)
+    soft_cfg = build_config(LocalSandbox, cfg, HARDENING_OFF)  # the knobs off
 
     async def run(sb: Any, cmd: str) -> str:
         r = await sb.exec(cmd, timeout_s=30)
@@ -156,6 +175,13 @@ def local_targets(root: str) -> list[Target]:
             note="exec agent in the sandbox: fork + pid namespace per command",
         ),
         Target(
+            name="local-unhardened",
+            create=lambda: LocalSandbox.create(soft_cfg),
+            exec=run,
+            destroy=lambda sb: sb.close(),
+            note="the same with the hardening off: " + knobs(HARDENING_OFF),
+        ),
+        Target(
             name="local-chain",
             create=lambda: LocalSandbox.create(chain_cfg),
             exec=run,
@@ -172,7 +198,8 @@ def local_targets(root: str) -> list[Target]:
     ]
 
 
-def remote_target(url: str) -> Target:
+def remote_target(url: str, name: str = "remote",
+                  note: str = "sandbox server on loopback (HTTP) -> local") -> Target:  # fmt: skip
     from agentrl.sandbox import make_sandbox
 
     async def run(sb: Any, cmd: str) -> str:
@@ -181,9 +208,8 @@ def remote_target(url: str) -> Target:
             raise RuntimeError(f"{cmd!r} failed remotely: {r.output}")
         return str(r.stdout)
 
-    return Target(name="remote", create=lambda: make_sandbox("remote", url=url, token=TOKEN),
-                  exec=run, destroy=lambda sb: sb.close(),
-                  note="sandbox server on loopback (HTTP) -> local")  # fmt: skip
+    return Target(name=name, create=lambda: make_sandbox("remote", url=url, token=TOKEN),
+                  exec=run, destroy=lambda sb: sb.close(), note=note)  # fmt: skip
 
 
 def docker_target(root: str) -> Target | str:
@@ -377,7 +403,7 @@ def subprocess_target() -> Target:
 
 
 @contextlib.asynccontextmanager
-async def sandbox_server(tmp: str) -> AsyncIterator[str]:
+async def sandbox_server(tmp: str, *extra: str) -> AsyncIterator[str]:
     """``python -m sandboxes.server`` in a subprocess on a free loopback port."""
     import httpx2
 
@@ -385,7 +411,8 @@ async def sandbox_server(tmp: str) -> AsyncIterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "TMPDIR": tmp}
-    argv = [sys.executable, "-m", "sandboxes.server", "--port", str(port), "--token", TOKEN]
+    argv = [sys.executable, "-m", "sandboxes.server", "--port", str(port), "--token", TOKEN,
+            *extra]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -416,14 +443,29 @@ def failed(t: Target, e: Exception) -> str:
     return f"{t.name}: failed during the run ({type(e).__name__}: {first})"
 
 
-async def lifecycle(t: Target, res: Result, n: int, sandboxes: int, per_sandbox: int) -> None:
-    """Create, one command, destroy (``max(3, n // 4)`` times); then the concurrent run."""
-    for _ in range(max(3, n // 4)):
-        dt, sb = await timed(t.create())
-        res.create_s.append(dt)
-        res.first_exec_s.append((await timed(t.exec(sb, "true")))[0])
-        dt, _ = await timed(t.destroy(sb))
-        res.destroy_s.append(dt)
+async def create_rounds(targets: list[Target], results: dict[str, Result], rounds: int,
+                        skipped: list[str]) -> None:  # fmt: skip
+    """Create, one command, destroy: ``rounds`` rounds, each over every target in turn, so
+    that load falls on all of them alike (as in ``exec_rounds``)."""
+    broken: set[str] = set()
+    for _ in range(rounds):
+        for t in targets:
+            if t.name not in results or t.name in broken:
+                continue
+            res = results[t.name]
+            try:
+                dt, sb = await timed(t.create())
+                res.create_s.append(dt)
+                res.first_exec_s.append((await timed(t.exec(sb, "true")))[0])
+                dt, _ = await timed(t.destroy(sb))
+                res.destroy_s.append(dt)
+            except Exception as e:  # report it; keep its other figures
+                skipped.append(failed(t, e))
+                broken.add(t.name)
+
+
+async def concurrent(t: Target, res: Result, sandboxes: int, per_sandbox: int) -> None:
+    """``sandboxes`` fresh sandboxes, ``per_sandbox`` ``echo hi`` each, all at once."""
     sbs = await asyncio.gather(*(t.create() for _ in range(sandboxes)))
     try:
         t0 = time.perf_counter()
@@ -474,13 +516,14 @@ async def measure(
     results = {t.name: Result(target=t.name, note=t.note) for t in targets}
     print(f"exec latency, {args.n} interleaved rounds over {len(targets)} targets ...", flush=True)
     await exec_rounds(targets, results, args.n, skipped)
-    for t in targets:
-        if t.name not in results:
-            continue
-        print(f"create, destroy and concurrent execs: {t.name} ...", flush=True)
+    live = [t for t in targets if t.name in results]
+    print(f"create, first exec, destroy: {args.creates} interleaved rounds ...", flush=True)
+    await create_rounds(live, results, args.creates, skipped)
+    for t in live:
+        print(f"concurrent execs: {t.name} ...", flush=True)
         try:
-            await lifecycle(t, results[t.name], args.n, args.sandboxes, args.per_sandbox)
-        except Exception as e:  # report it; keep its exec figures
+            await concurrent(t, results[t.name], args.sandboxes, args.per_sandbox)
+        except Exception as e:  # report it; keep its other figures
             skipped.append(failed(t, e))
         if t.failures:
             results[t.name].note += f" ({len(t.failures)} calls failed and were retried)"
@@ -512,9 +555,18 @@ def print_tables(results: list[Result], skipped: list[str]) -> None:
                       for c in COMMANDS]  # fmt: skip
             print(f"{theirs} p50 / {ours} p50: "
                   + ", ".join(f"{c!r} {x:.2f}x" for c, x in zip(COMMANDS, ratios, strict=True)))  # fmt: skip
+    for ours, base in HARDENING_PAIRS:
+        if ours in by and base in by:
+            ex, cr = hardening_ratios(by[ours], by[base])
+            print(f"hardening cost, {ours} over {base}: exec p50 (sum over the commands) "
+                  f"{ex:.3f}x, create p50 {cr:.3f}x")  # fmt: skip
     for s in skipped:
         print(s)
+    print("load average (1, 5, 15 min) at the start: "
+          + " ".join(f"{x:.2f}" for x in LOAD) + ", at the end: "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))  # fmt: skip
     print(json.dumps(headline(by)))
+    print(json.dumps(hardening_headline(by)))
 
 
 def headline(by: dict[str, Result]) -> dict[str, object]:
@@ -537,6 +589,54 @@ def headline(by: dict[str, Result]) -> dict[str, object]:
     }  # fmt: skip
 
 
+def hardening_ratios(ours: Result, base: Result) -> tuple[float, float]:
+    """(exec p50 summed over the commands, create p50) of ``ours`` over ``base``."""
+    ex = sum(pct(ours.exec_s[c], 50) for c in COMMANDS)
+    ex_base = sum(pct(base.exec_s[c], 50) for c in COMMANDS)
+    return ex / ex_base, pct(ours.create_s, 50) / pct(base.create_s, 50)
+
+
+def hardening_headline(by: dict[str, Result]) -> dict[str, object]:
+    """The last line: what the hardened defaults cost the local backend over the same
+    sandbox with the knobs off (``HARDENING_OFF``); ratio is the larger of the exec and the
+    create ratios (None when either target was not measured)."""
+    from sandboxes.local import HARDENING_OFF
+
+    ours, base = by.get("local"), by.get("local-unhardened")
+    if ours is None or base is None or not ours.create_s or not base.create_s:
+        return {"benchmark": "hardening cost (local)", "baseline": "not measured",
+                "ours": "not measured", "ratio": None,
+                "goal": f"<= {GOAL_HARDENING:g}", "met": None}  # fmt: skip
+    ex, cr = hardening_ratios(ours, base)
+
+    def figures(r: Result) -> str:
+        ms = sum(pct(r.exec_s[c], 50) for c in COMMANDS) * 1e3
+        return f"exec {ms:.1f} ms, create {pct(r.create_s, 50) * 1e3:.1f} ms"
+
+    return {
+        "benchmark": "hardening cost: local exec p50 (sum over " + ", ".join(COMMANDS)
+        + ") and create p50, hardened defaults over the knobs off",
+        "baseline": f"local-unhardened ({knobs(HARDENING_OFF)}): {figures(base)}",
+        "ours": f"local (defaults: {knobs(hardened_knobs())}): {figures(ours)} "
+        f"(exec {ex:.3f}x, create {cr:.3f}x)",
+        "ratio": round(max(ex, cr), 3), "goal": f"<= {GOAL_HARDENING:g}",
+        "met": max(ex, cr) <= GOAL_HARDENING,
+    }  # fmt: skip
+
+
+def hardened_knobs() -> dict[str, object]:
+    """The defaults of the knobs ``HARDENING_OFF`` turns off."""
+    from sandboxes.local import HARDENING_OFF, LocalSandbox
+
+    default = LocalSandbox.Config()
+    return {k: getattr(default, k) for k in HARDENING_OFF}
+
+
+def knobs(d: dict[str, object]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+HARDENING_PAIRS = [("local", "local-unhardened"), ("remote", "remote-unhardened")]
 PAIRS = [  # (ours, baseline or floor) for the per-command ratios
     ("local", "swerex-bash"), ("local", "swerex-bash-stock"), ("local", "swerex"),
     ("local", "bwrap"), ("local", "subprocess"), ("local-chain", "bwrap"),
@@ -564,8 +664,12 @@ async def main(args: argparse.Namespace) -> None:
         async with contextlib.AsyncExitStack() as stack:
             if "remote" in wanted:
                 targets.insert(
-                    3, remote_target(await stack.enter_async_context(sandbox_server(tmp)))
+                    4, remote_target(await stack.enter_async_context(sandbox_server(tmp)))
                 )
+            if "remote-unhardened" in wanted:
+                url = await stack.enter_async_context(sandbox_server(tmp, *UNHARDENED_SERVER))
+                targets.insert(5, remote_target(url, "remote-unhardened",
+                                                "the same, unhardened: " + " ".join(UNHARDENED_SERVER)))  # fmt: skip
             results = await measure([t for t in targets if t.name in wanted], args, skipped)
         print_tables(results, skipped)
     finally:
@@ -580,11 +684,12 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--n", type=int, default=40, help="sequential execs per command")
+    p.add_argument("--creates", type=int, default=20, help="create/destroy rounds per target")
     p.add_argument("--sandboxes", type=int, default=8, help="sandboxes in the concurrent run")
     p.add_argument("--per-sandbox", type=int, default=5, help="execs per sandbox, concurrent run")
     p.add_argument(
         "--targets",
-        default="local,local-chain,local-bash,remote,docker,swerex,swerex-bash,swerex-bash-stock,"
-        "bwrap,pipe-shell,subprocess",
+        default="local,local-unhardened,local-chain,local-bash,remote,remote-unhardened,docker,"
+        "swerex,swerex-bash,swerex-bash-stock,bwrap,pipe-shell,subprocess",
     )
     asyncio.run(main(p.parse_args()))

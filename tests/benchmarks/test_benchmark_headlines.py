@@ -16,13 +16,23 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS = ["benchmark", "baseline", "ours", "ratio", "goal", "met"]
 
 
-def _headline(script: str, *args: str) -> dict[str, object]:
+def _headlines(script: str, *args: str) -> list[dict[str, object]]:
+    """The JSON lines that end the script's output, last one last."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    last = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert list(last) == KEYS, last
-    return last
+    found = []
+    for line in reversed(proc.stdout.strip().splitlines()):
+        if not line.startswith("{"):
+            break
+        found.insert(0, json.loads(line))
+        assert list(found[0]) == KEYS, found[0]
+    assert found, proc.stdout[-3000:]
+    return found
+
+
+def _headline(script: str, *args: str) -> dict[str, object]:
+    return _headlines(script, *args)[-1]
 
 
 def test_weight_sync_headline_is_the_verified_ipc_sync_over_the_warm_copy() -> None:
@@ -32,8 +42,22 @@ def test_weight_sync_headline_is_the_verified_ipc_sync_over_the_warm_copy() -> N
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
-def test_sandbox_headline_without_swerex_says_what_was_not_measured() -> None:
-    got = _headline("sandbox.py", "--n", "2", "--sandboxes", "1", "--per-sandbox", "1",
-                    "--targets", "local,pipe-shell")  # fmt: skip
-    assert got["ratio"] is None and got["met"] is None and "not measured" in str(got["baseline"])
-    assert "local (exec agent)" in str(got["ours"])
+def test_sandbox_headlines_swerex_then_the_hardening_cost() -> None:
+    """Without SWE-ReX the first headline says what was not measured; the last line is the
+    hardening cost, local (defaults) over local-unhardened."""
+    swerex, hardening = _headlines("sandbox.py", "--n", "2", "--creates", "2", "--sandboxes",
+                                   "1", "--per-sandbox", "1", "--targets",
+                                   "local,local-unhardened,pipe-shell")  # fmt: skip
+    assert swerex["ratio"] is None and swerex["met"] is None
+    assert "not measured" in str(swerex["baseline"]) and "local (exec agent)" in str(swerex["ours"])
+    assert "seccomp=False, disk_mb=0" in str(hardening["baseline"])
+    assert "local (defaults: seccomp=True" in str(hardening["ours"])
+    ratio = hardening["ratio"]
+    assert isinstance(ratio, float) and hardening["met"] == (ratio <= 1.1)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
+def test_sandbox_hardening_headline_without_its_baseline_says_so() -> None:
+    got = _headline("sandbox.py", "--n", "2", "--creates", "1", "--sandboxes", "1",
+                    "--per-sandbox", "1", "--targets", "local")  # fmt: skip
+    assert got["ratio"] is None and got["met"] is None and got["baseline"] == "not measured"
