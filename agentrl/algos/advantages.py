@@ -136,8 +136,11 @@ class AdvantageInputs:
         assert self.token_rewards is not None
         r, m = self.token_rewards, self.response_mask
         out = torch.empty(r.shape[0], dtype=self.dtype, device=r.device)
-        for rows in row_chunks(r.shape[0], r.shape[1], r.device):  # temporaries stay in cache
-            torch.sum(r[rows].to(self.dtype) * m[rows].to(self.dtype), -1, out=out[rows])
+        scratch = Scratch()
+        for rows in row_chunks(r.shape[0], r.shape[1], r.device):  # the product stays in cache
+            prod = scratch.get("prod", rows.stop - rows.start, r.shape[1], out)
+            torch.mul(r[rows], float_mask(m[rows], self.dtype), out=prod)
+            torch.sum(prod, -1, out=out[rows])
         return out
 
     def per_token_rewards(self) -> Tensor:
@@ -250,7 +253,10 @@ def token_level(x: Tensor, mask: Tensor) -> Tensor:
     """A dense (B, T) copy of advantages or returns: (B, 1) values spread over the mask-1 tokens
     of each row, 0 elsewhere; a (B, T) input is masked the same way."""
     check_token_or_row("x", x, "mask", mask)
-    return x * float_mask(mask, x.dtype)  # x must be finite off the mask
+    m = float_mask(mask, x.dtype)  # x must be finite off the mask
+    if torch.is_grad_enabled() and x.requires_grad:
+        return x * m
+    return torch.mul(x, m, out=empty_output(mask.shape, like=x))  # one pass, on huge pages
 
 
 def _group_ids(inp: AdvantageInputs, estimator: str) -> Tensor:

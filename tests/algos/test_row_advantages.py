@@ -78,6 +78,14 @@ def test_token_level_checks_shapes() -> None:
         token_level(torch.zeros(6, 3), MASK)
     dense = torch.randn(B, T)
     torch.testing.assert_close(token_level(dense, MASK), dense * MASK)
+    assert token_level(dense.double(), MASK.bool()).dtype == torch.float64  # the values' dtype
+
+
+def test_token_level_keeps_the_gradient() -> None:
+    row = torch.randn(B, 1, requires_grad=True)
+    token_level(row, MASK).sum().backward()
+    assert row.grad is not None
+    torch.testing.assert_close(row.grad, MASK.sum(-1, keepdim=True))
 
 
 def _loss_args(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
