@@ -53,11 +53,15 @@ from agentrl.algos.ops import (
     TokenLayout,
     check_same_shape,
     check_token_or_row,
+    count_scan,
+    count_scan_fits,
+    count_scan_inputs,
     discounted_reverse_cumsum,
     empty_output,
     final_reward_returns,
     float_mask,
     group_mean_std,
+    is_prefix_mask,
     masked_discounted_returns,
     row_chunks,
     scatter_to_last_token,
@@ -185,9 +189,17 @@ def gae(
         A_t     = delta_t + gamma * lam * A_next(t)
         R_t     = A_t + V_t
     Returns (A, R), both (B, T) and 0 on mask-0 tokens. Not whitened. No gradient.
-    Runs on the packed layout (generated tokens first), where next(t) = t + 1, one cache-sized
-    chunk of rows at a time (:func:`agentrl.algos.ops.row_chunks`); ``on_chunk(A[rows],
-    mask[rows])`` sees each chunk of advantages while it is in cache.
+    Runs one cache-sized chunk of rows at a time (:func:`agentrl.algos.ops.row_chunks`);
+    ``on_chunk(A[rows], mask[rows])`` sees each chunk of advantages while it is in cache.
+    Rows without holes scan the deltas in place. Masks with holes skip them without moving
+    tokens: every V_k of a mask-1 k after t enters A_t twice, once as -V_k in delta_k and once
+    as gamma * V_next in the delta of the mask-1 token before k, so with c = gamma * lam and
+    n(t, k) the mask-1 tokens in [t, k):
+        A_t = sum_{k >= t, mask-1} c^n(t, k) (r_k + (1 / lam - 1) V_k)  -  V_t / lam,
+    one discounted sum that skips holes (:func:`agentrl.algos.ops.count_scan`). Where that does
+    not apply (lam < 1/2, where the last subtraction would cancel more than a bit, or c^T
+    beyond float64) the generated tokens are packed first (``TokenLayout``), where
+    next(t) = t + 1.
     """
     check_same_shape("values", values, "token_rewards", token_rewards)
     check_same_shape("mask", mask, "token_rewards", token_rewards)
@@ -203,25 +215,75 @@ def gae(
         torch.bfloat16,
     )
     work = torch.float64 if long else adv.dtype
+    c = gamma * lam
+    by_counts = lam >= 0.5 and (
+        count_scan_fits(t, c, work) or (c == 1.0 and work in (torch.float32, torch.float64))
+    )
     scratch = Scratch()
     for rows in row_chunks(b, t, adv.device):  # cache-sized chunks of rows, see ops.row_chunks
         m = float_mask(mask[rows], adv.dtype)
-        layout = TokenLayout.of(m, scratch)
+        prefix = is_prefix_mask(m, scratch)
+        if by_counts and not prefix:
+            _gae_skipping_holes(
+                token_rewards[rows],
+                values[rows],
+                m,
+                gamma,
+                lam,
+                work,
+                scratch,
+                adv[rows],
+                ret[rows],
+            )
+            if on_chunk is not None:
+                on_chunk(adv[rows], m)
+            continue
+        layout = TokenLayout.of(m, scratch, prefix=prefix)
         delta = layout.pack(token_rewards[rows], "r").to(work)  # (R, W), becomes delta in place
         v = layout.pack(values[rows], "v").to(work)  # (R, W), 0 past each row's generated tokens
         delta[:, :-1].add_(v[:, 1:], alpha=gamma)
         delta.sub_(v)
         if work == adv.dtype and layout.index is None and layout.width == t:  # write in place
-            a = discounted_reverse_cumsum(delta, gamma * lam, out=adv[rows])
+            a = discounted_reverse_cumsum(delta, c, out=adv[rows])
             torch.add(v, a, out=ret[rows])
         else:
             y = scratch.get("scan", delta.shape[0], delta.shape[1], delta)
-            a = discounted_reverse_cumsum(delta, gamma * lam, out=y)
+            a = discounted_reverse_cumsum(delta, c, out=y)
             layout.unpack_into(a.to(adv.dtype), adv[rows])
             layout.unpack_into(v.add_(a).to(adv.dtype), ret[rows])  # 0 past generated tokens
         if on_chunk is not None:
             on_chunk(adv[rows], m)
     return adv, ret
+
+
+def _gae_skipping_holes(
+    r: Tensor,
+    v: Tensor,
+    m: Tensor,
+    gamma: float,
+    lam: float,
+    work: torch.dtype,
+    scratch: Scratch,
+    adv: Tensor,
+    ret: Tensor,
+) -> None:
+    """GAE of a chunk of rows whose mask has holes, in closed form over a discounted sum that
+    skips them (see :func:`gae`); ``work`` is the dtype of that sum."""
+    t = m.shape[1]
+    x, mw = count_scan_inputs(m, work, scratch)
+    xt = x[:, :t]
+    if work == r.dtype:
+        torch.add(r, v, alpha=1.0 / lam - 1.0, out=xt).mul_(m)
+    else:  # float64 work for float32 inputs: no rounding before the sum
+        xt.copy_(r).add_(v, alpha=1.0 / lam - 1.0).mul_(m)
+    y = scratch.get("gae_sum", m.shape[0], t, x)
+    if gamma * lam == 1.0:  # no discount: skipping a hole changes nothing
+        scan = scratch.get("gae_scan", x.shape[0], x.shape[1], x)
+        y.copy_(discounted_reverse_cumsum(x, 1.0, out=scan)[:, :t])
+    else:
+        count_scan(x, mw, gamma * lam, scratch, y, masked=False)
+    torch.sub(y, v, alpha=1.0 / lam, out=adv).mul_(m)  # A = (y - V / lam) m, rounded once
+    torch.addcmul(adv, v, m, out=ret)  # R = A + V on mask-1 tokens
 
 
 @register_advantage("gae", description="PPO with a critic: GAE(gamma, lambda), whitened")
@@ -237,10 +299,10 @@ def gae_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, T
         inp.response_mask,
         gamma=cfg.gamma,
         lam=cfg.lam,
-        on_chunk=acc.add if acc is not None else None,
+        on_chunk=acc.add_masked if acc is not None else None,  # A is 0 off the mask
     )
-    if acc is not None:
-        adv = whiten_into(adv, adv, inp.response_mask, acc.result())  # adv is ours: no copy
+    if acc is not None:  # adv is ours: whitened in place
+        adv = whiten_into(adv, adv, inp.response_mask, acc.result(), masked=True)
     return adv, ret
 
 
@@ -339,10 +401,10 @@ def reinforce_pp_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[
         return masked_whiten(returns, inp.response_mask), returns
     acc = Moments()  # statistics of each chunk of returns while it is in cache
     returns = masked_discounted_returns(
-        inp.token_rewards, inp.response_mask, cfg.gamma, on_chunk=acc.add
-    )
+        inp.token_rewards, inp.response_mask, cfg.gamma, on_chunk=acc.add_masked
+    )  # 0 off the mask
     adv = empty_output(returns.shape, like=returns)
-    return whiten_into(adv, returns, inp.response_mask, acc.result()), returns
+    return whiten_into(adv, returns, inp.response_mask, acc.result(), masked=True), returns
 
 
 @register_advantage(

@@ -191,12 +191,21 @@ class Moments:
 
     def add(self, x: Tensor, mask: Tensor) -> None:
         """Add the entries of x (R, T) where the 0/1 ``mask`` (R, T) is 1."""
+        self._add(x, mask, masked=False)
+
+    def add_masked(self, x: Tensor, mask: Tensor) -> None:
+        """:meth:`add` for an x that is already 0 wherever ``mask`` is 0 (one pass fewer)."""
+        self._add(x, mask, masked=True)
+
+    def _add(self, x: Tensor, mask: Tensor, *, masked: bool) -> None:
         m = float_mask(mask, x.dtype)
-        xc = torch.mul(x, m, out=self._scratch.get("x", x.shape[0], x.shape[1], x))  # in cache
+        buf = self._scratch.get("x", x.shape[0], x.shape[1], x)  # in cache
+        xm = x if masked else torch.mul(x, m, out=buf)
         n = m.sum(-1).sum(dtype=torch.float64)  # row counts are exact in float32
-        mean = xc.sum(-1).sum(dtype=torch.float64) / n.clamp(min=1)
+        mean = xm.sum(-1).sum(dtype=torch.float64) / n.clamp(min=1)
         mean32 = mean.to(x.dtype)
-        m2 = xc.sub_(mean32).mul_(m).square_().sum(-1).sum(dtype=torch.float64)
+        dev = torch.addcmul(xm, m, mean32, value=-1.0, out=buf)  # (x - mean) m
+        m2 = dev.square_().sum(-1).sum(dtype=torch.float64)
         self._n.append(n)
         self._mean.append(mean)
         self._m2.append(m2 - n * (mean - mean32.double()).square())  # about the float64 mean
@@ -255,15 +264,24 @@ def whiten_into(
     *,
     shift_mean: bool = True,
     eps: float = 1e-8,
+    masked: bool = False,
 ) -> Tensor:
-    """Write masked_whiten(x) into ``out`` (may be x) from precomputed (count, mean, M2)."""
+    """Write masked_whiten(x) into ``out`` (may be x) from precomputed (count, mean, M2).
+
+    ``masked``: x is already 0 wherever ``mask`` is 0, so (x - mean * m) * scale is the whole
+    result (the same rounding, one pass fewer).
+    """
     n, mean64, m2 = moments
     var = torch.where(n > 1, m2 / (n - 1).clamp(min=1), 0.0)
     scale = torch.rsqrt(var + eps).to(x.dtype)
     mean = mean64.to(x.dtype)
     for r in row_chunks(x.shape[0], x.shape[1], x.device):
+        m = float_mask(mask[r], x.dtype)
+        if masked and shift_mean:
+            torch.addcmul(x[r], m, mean, value=-1.0, out=out[r]).mul_(scale)
+            continue
         o = torch.sub(x[r], mean, out=out[r]).mul_(scale)
         if not shift_mean:
             o.add_(mean)
-        o.mul_(float_mask(mask[r], x.dtype))
+        o.mul_(m)
     return out

@@ -223,6 +223,13 @@ class Scratch:
             buf = self._bufs[name] = torch.empty(rows, cols, dtype=dtype, device=like.device)
         return buf[:rows]
 
+    def keep(self, name: str, make: Callable[[], Tensor]) -> Tensor:
+        """A constant of this call (e.g. a small matrix), made on first use."""
+        x = self._bufs.get(name)
+        if x is None:
+            x = self._bufs[name] = make()
+        return x
+
 
 def is_prefix_mask(mask: Tensor, scratch: Scratch | None = None) -> bool:
     """True if every row's mask is ones then zeros (no holes), so compaction is the identity."""
@@ -264,10 +271,13 @@ class TokenLayout:
     scratch: Scratch | None = None
 
     @classmethod
-    def of(cls, mask: Tensor, scratch: Scratch | None = None) -> TokenLayout:
+    def of(
+        cls, mask: Tensor, scratch: Scratch | None = None, *, prefix: bool | None = None
+    ) -> TokenLayout:
+        """The layout of ``mask``; ``prefix``: :func:`is_prefix_mask` of it, if known."""
         m = mask if mask.is_floating_point() else float_mask(mask, torch.float32)
         t = m.shape[-1]
-        if is_prefix_mask(m, scratch):
+        if prefix if prefix is not None else is_prefix_mask(m, scratch):
             return cls(m, None, -(-t // BLOCK) * BLOCK, scratch)
         return cls(m, compact_index(m, scratch), -(-(t + 1) // BLOCK) * BLOCK, scratch)
 
@@ -323,60 +333,81 @@ def row_chunks(b: int, t: int, device: torch.device | None = None) -> list[slice
 
 
 COUNT_SCAN_MAX_EXPONENT = 600.0
-"""Largest ``-ln(gamma) * T`` of :func:`_returns_by_counts`: gamma^(+-T) within float64."""
+"""Largest ``-ln(gamma) * T`` of :func:`count_scan`: gamma^(+-T) within float64."""
 
 
-def _count_scan_fits(t: int, gamma: float, dtype: torch.dtype) -> bool:
-    """Whether :func:`_returns_by_counts` is exact here: its powers gamma^(-BLOCK) (working
-    dtype) and gamma^(+-T) (float64) stay far from overflow and underflow."""
+def count_scan_fits(t: int, gamma: float, dtype: torch.dtype) -> bool:
+    """Whether :func:`count_scan` is exact here: its powers gamma^(-BLOCK) (``dtype``) and
+    gamma^(+-T) (float64) stay far from overflow and underflow."""
     if not 0.0 < gamma < 1.0 or dtype not in (torch.float32, torch.float64):
         return False
     k = -math.log(gamma)
     return BLOCK * k <= 40.0 and t * k <= COUNT_SCAN_MAX_EXPONENT
 
 
-def _count_matrices(like: Tensor) -> tuple[Tensor, Tensor]:
-    """(BLOCK, BLOCK) ``before[j, t] = j < t`` and ``from_[k, t] = k >= t``, ``like``'s dtype."""
-    i = torch.arange(BLOCK, device=like.device)
-    return (i[:, None] < i[None, :]).to(like.dtype), (i[:, None] >= i[None, :]).to(like.dtype)
+def count_scan_inputs(mask: Tensor, dtype: torch.dtype, scratch: Scratch) -> tuple[Tensor, Tensor]:
+    """Buffers for :func:`count_scan` of a chunk with this 0/1 ``mask`` (R, T): ``x`` (R, W)
+    for the caller to fill at ``x[:, :T]`` (the tail is zeroed here) and the mask as a
+    contiguous (R, W) ``dtype`` tensor (``mask`` itself when it already is one); W is T
+    rounded up to a multiple of BLOCK."""
+    r, t = mask.shape
+    width = -(-t // BLOCK) * BLOCK
+    x = scratch.get("count_x", r, width, mask, dtype)
+    x[:, t:] = 0.0
+    if width == t and mask.dtype == dtype and mask.is_contiguous():
+        return x, mask
+    m = scratch.get("count_m", r, width, mask, dtype)
+    m[:, :t] = mask
+    m[:, t:] = 0.0
+    return x, m
 
 
-def _returns_by_counts(
-    x: Tensor, m: Tensor, gamma: float, mats: tuple[Tensor, Tensor], scratch: Scratch, out: Tensor
-) -> None:
-    """Discounted returns over the mask-1 tokens of a chunk of rows, without packing them.
+def count_scan(
+    x: Tensor, m: Tensor, gamma: float, scratch: Scratch, out: Tensor, *, masked: bool = True
+) -> Tensor:
+    """Discounted reverse sums over the mask-1 tokens of a chunk of rows, without packing them.
 
-    ``x`` (R, W) is rewards * mask (overwritten), ``m`` (R, W) the 0/1 mask, W a multiple of
-    BLOCK; writes G * m into ``out`` (R, T), T <= W. A hole carries the running return
-    unchanged, so from token t to a later token k the discount is gamma^(e_k - e_t), e_t the
-    number of mask-1 tokens before t in t's block. With w_t = gamma^e_t:
+    ``x`` (R, W) holds values * mask (it is overwritten), ``m`` (R, W) the 0/1 mask, both
+    from :func:`count_scan_inputs`; writes y * m (``masked``) or y into ``out`` (R, T),
+    T <= W, where y_t = sum_{k >= t, m_k = 1} gamma^n(t, k) x_k and n(t, k) counts the mask-1
+    tokens in [t, k): a hole carries the sum unchanged. With e_t the mask-1 tokens before t in
+    its block and w_t = gamma^e_t:
 
         s_t = sum_{k >= t in the block} w_k x_k       (one matmul with a ones matrix)
-        G_t = (s_t + c_j) / w_t                       (1 / w_t <= gamma^-BLOCK)
+        y_t = (s_t + c_j) / w_t                       (1 / w_t <= gamma^-BLOCK)
 
-    where c_j = gamma^C_j G_(first token of block j + 1), C_j the mask-1 tokens of block j, is
-    the return entering block j. With N_j the mask-1 tokens before block j and a_j = s at its
-    first token, the carries have a closed form, computed in float64 (no rounding adds up
-    along the row): c_j = gamma^-N_j sum_{k > j} gamma^N_k a_k. Each G_t is one block's sum of
-    at most BLOCK terms plus a carry rounded once, as in :func:`discounted_reverse_cumsum`.
+    where c_j = gamma^C_j y_(first token of block j + 1), C_j the mask-1 tokens of block j, is
+    what enters block j. With N_j the mask-1 tokens before block j and a_j = s at its first
+    token, the carries have a closed form, computed in float64 (no rounding adds up along the
+    row): c_j = gamma^-N_j sum_{k > j} gamma^N_k a_k. Each y_t is one block's sum of at most
+    BLOCK terms plus a carry rounded once, as in :func:`discounted_reverse_cumsum`. Needs
+    :func:`count_scan_fits`.
     """
-    before, from_ = mats
+    log_g = math.log(gamma)
+
+    def ones(upper: bool) -> Tensor:
+        i = torch.arange(BLOCK, device=x.device)
+        if upper:  # [j, t] = ln(gamma) where j < t: m @ it = e_t ln(gamma)
+            return (i[:, None] < i[None, :]).to(torch.float64).mul_(log_g).to(x.dtype)
+        return (i[:, None] >= i[None, :]).to(x.dtype)  # [k, t] = 1 where k >= t
+
+    before = scratch.keep(f"count_before_{x.dtype}_{gamma!r}", lambda: ones(True))
+    from_ = scratch.keep(f"count_from_{x.dtype}", lambda: ones(False))
     r, t = out.shape
     rn, n = x.numel() // BLOCK, x.shape[1] // BLOCK
-    mb = m.reshape(rn, BLOCK)
-    w = torch.mm(mb, before, out=scratch.get("w", rn, BLOCK, x))  # e_t, exact
-    counts = (w[:, -1] + mb[:, -1]).view(r, n).to(torch.float64)  # C_j
-    log_g = math.log(gamma)
-    w.mul_(log_g).exp_()
-    s = torch.mm(x.view(rn, BLOCK).mul_(w), from_, out=scratch.get("s", rn, BLOCK, x))
+    mb = m.view(rn, BLOCK)
+    w = torch.mm(mb, before, out=scratch.get("count_w", rn, BLOCK, x))  # e_t ln(gamma)
+    counts = (w[:, -1] / log_g).round_().add_(mb[:, -1]).view(r, n).to(torch.float64)  # C_j
+    w.exp_()
+    s = torch.mm(x.view(rn, BLOCK).mul_(w), from_, out=scratch.get("count_s", rn, BLOCK, x))
     lam = counts.cumsum(-1).sub_(counts).mul_(log_g)  # N_j ln(gamma), N_j exclusive
     z = torch.mul(s[:, 0].view(r, n), lam.exp())  # float64 (a new tensor, s is intact)
     z = z.flip(-1).cumsum(-1).flip(-1)  # sum_{k >= j} gamma^N_k a_k
     carry = torch.zeros_like(z)
     carry[:, :-1] = z[:, 1:] * lam[:, :-1].neg().exp()
     s.view(r, n, BLOCK).add_(carry.to(x.dtype)[:, :, None])
-    w.reciprocal_().mul_(mb)  # (1 / w_t) m_t
-    torch.mul(s.view(r, -1)[:, :t], w.view(r, -1)[:, :t], out=out)
+    torch.div(s.view(r, -1)[:, :t], w.view(r, -1)[:, :t], out=out)
+    return out.mul_(m[:, :t]) if masked else out
 
 
 def masked_discounted_returns(
@@ -393,31 +424,23 @@ def masked_discounted_returns(
     chunks (:func:`row_chunks`); ``on_chunk(G[rows], mask[rows])`` sees each chunk of the
     result while it is in cache (e.g. to accumulate statistics). With gamma = 1 skipping a
     token changes nothing, so masks with holes need no packing; float32/float64 rewards with
-    gamma^T within float64 range need none either (:func:`_returns_by_counts`); otherwise the
+    gamma^T within float64 range need none either (:func:`count_scan`); otherwise the
     generated tokens are packed first (:class:`TokenLayout`).
     """
     check_same_shape("mask", mask, "rewards", rewards)
     out = empty_output(rewards.shape, like=rewards)
     b, t = rewards.shape
     scratch = Scratch()
-    by_counts = _count_scan_fits(t, gamma, rewards.dtype)
-    mats = _count_matrices(rewards) if by_counts else None
-    width = -(-t // BLOCK) * BLOCK
+    by_counts = count_scan_fits(t, gamma, rewards.dtype)
     for rows in row_chunks(b, t, rewards.device):
         m = float_mask(mask[rows], rewards.dtype)
         if gamma == 1.0 and t % BLOCK == 0 and t > BLOCK:
             x = torch.mul(rewards[rows], m, out=scratch.get("x", m.shape[0], t, rewards))
             discounted_reverse_cumsum(x, 1.0, out=out[rows]).mul_(m)
-        elif mats is not None:
-            x = scratch.get("x", m.shape[0], width, rewards)
+        elif by_counts:
+            x, mw = count_scan_inputs(m, rewards.dtype, scratch)
             torch.mul(rewards[rows], m, out=x[:, :t])
-            mw = m
-            if width != t or not m.is_contiguous():
-                mw = scratch.get("m", m.shape[0], width, rewards)
-                mw[:, :t] = m
-                mw[:, t:] = 0.0
-            x[:, t:] = 0.0
-            _returns_by_counts(x, mw, gamma, mats, scratch, out[rows])
+            count_scan(x, mw, gamma, scratch, out[rows])
         else:
             layout = TokenLayout.of(m, scratch)
             packed = layout.pack(rewards[rows])

@@ -73,6 +73,46 @@ def test_gae_skips_env_tokens_in_multi_turn_masks() -> None:
     torch.testing.assert_close(ret, exp_ret)
 
 
+def _loop_gae(
+    r: torch.Tensor, v: torch.Tensor, m: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE row by row over the generated tokens only, in float64."""
+    adv, ret = torch.zeros_like(r), torch.zeros_like(r)
+    for i in range(r.shape[0]):
+        idx = m[i].nonzero().flatten().tolist()
+        a_next, v_next = 0.0, 0.0
+        for j in reversed(idx):
+            delta = float(r[i, j]) + gamma * v_next - float(v[i, j])
+            a_next = delta + gamma * lam * a_next
+            v_next = float(v[i, j])
+            adv[i, j], ret[i, j] = a_next, a_next + v_next
+    return adv, ret
+
+
+@pytest.mark.parametrize(
+    ("gamma", "lam"),
+    [(0.99, 0.95), (0.9, 0.5), (0.9, 0.3), (1.0, 1.0), (0.999, 0.999), (0.5, 1.0), (0.0, 0.9)],
+)
+@pytest.mark.parametrize("t", [7, 40, 150])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gae_over_holes_matches_a_loop_over_generated_tokens(
+    gamma: float, lam: float, t: int, dtype: torch.dtype
+) -> None:
+    """Every way gae skips holes (a discounted sum that counts them, for lam >= 1/2; packing
+    otherwise; float64 work on long horizons) against a plain loop."""
+    g = torch.Generator().manual_seed(t)
+    m = (torch.rand(5, t, generator=g) > 0.3).double()
+    m[0], m[1] = 0.0, 1.0  # no generated token; no holes
+    m[2, : t // 2] = 0.0  # a prompt-like lead
+    r = torch.randn(5, t, generator=g, dtype=torch.float64)  # nonzero on holes: dropped
+    v = torch.randn(5, t, generator=g, dtype=torch.float64) * 3
+    adv, ret = gae(r.to(dtype), v.to(dtype), m.to(dtype), gamma=gamma, lam=lam)
+    want_adv, want_ret = _loop_gae(r, v, m, gamma, lam)
+    tol = 2e-5 if dtype == torch.float32 else 1e-9
+    torch.testing.assert_close(adv.double(), want_adv, rtol=tol, atol=tol)
+    torch.testing.assert_close(ret.double(), want_ret, rtol=tol, atol=tol)
+
+
 def test_gae_estimator_whitens_and_needs_values() -> None:
     m = torch.tensor([[1, 1, 0, 1]])
     r = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
