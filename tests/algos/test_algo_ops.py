@@ -112,12 +112,12 @@ def test_masked_discounted_returns_match_the_loop(gamma: float, t: int, dtype: t
 
 
 def test_count_scan_covers_the_usual_discounts_and_falls_back_past_float64() -> None:
-    assert ops._count_scan_fits(8192, 0.99, torch.float32)
-    assert ops._count_scan_fits(8192, 0.999, torch.float64)
-    assert not ops._count_scan_fits(8192, 0.9, torch.float32)  # 0.9^8192 underflows float64
-    assert not ops._count_scan_fits(16, 0.05, torch.float32)  # 0.05^-16 in float32: too close
-    assert not ops._count_scan_fits(64, 0.99, torch.bfloat16)  # packed path for half types
-    assert not ops._count_scan_fits(64, 1.0, torch.float32)  # gamma 1 needs no skipping at all
+    assert ops.count_scan_fits(8192, 0.99, torch.float32)
+    assert ops.count_scan_fits(8192, 0.999, torch.float64)
+    assert not ops.count_scan_fits(8192, 0.9, torch.float32)  # 0.9^8192 underflows float64
+    assert not ops.count_scan_fits(16, 0.05, torch.float32)  # 0.05^-16 in float32: too close
+    assert not ops.count_scan_fits(64, 0.99, torch.bfloat16)  # packed path for half types
+    assert not ops.count_scan_fits(64, 1.0, torch.float32)  # gamma 1 needs no skipping at all
 
 
 def test_empty_output_asks_for_huge_pages_inside_the_tensor(
