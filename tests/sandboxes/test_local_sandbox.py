@@ -319,3 +319,49 @@ async def test_a_forked_child_never_mounts_its_parents_spare(make: MakeSandbox) 
         os._exit(0 if not _disk._spares and not _disk._worker else 1)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     assert _disk._spares.get(32)  # the parent keeps its own
+
+
+KILLED_WITH_SPARE = textwrap.dedent(
+    """
+    import asyncio, os, sys, time
+    from agentrl.sandbox import make_sandbox, new_name
+    from sandboxes import _disk
+    async def main():
+        sb = await make_sandbox("local", name=new_name(sys.argv[1]), root_dir=sys.argv[2],
+                                disk_mb=16)
+        for _ in range(500):  # the spare is made in the background
+            if _disk._spares.get(16):
+                break
+            await asyncio.sleep(0.01)
+        print("spare", _disk._spares[16][0].img, flush=True)
+        os._exit(0)  # killed: no atexit, no close
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.skipif(disk_cap_ready() is not None, reason=str(disk_cap_ready()))
+async def test_a_killed_process_leaves_no_spare_mounted(sandbox_root: str) -> None:
+    """A spare is a detached mount held by a descriptor: when its process dies, the kernel
+    unmounts it and frees its loop device; a sweep deletes the image it left."""
+    from sandboxes import _disk
+    from sandboxes.local import LocalSandbox
+
+    prefix = f"agentrl-kspare{os.getpid()}-"
+    try:
+        out = subprocess.run([sys.executable, "-c", KILLED_WITH_SPARE, prefix, sandbox_root],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "spare" in out.stdout, out.stderr
+        img = Path(out.stdout.split()[1])
+        for _ in range(100):  # the last descriptor's close releases the device
+            if str(img) not in subprocess.run(["losetup", "-a"], capture_output=True,
+                                              text=True).stdout:  # fmt: skip
+                break
+            await asyncio.sleep(0.02)
+        assert str(img) not in subprocess.run(["losetup", "-a"], capture_output=True,
+                                              text=True).stdout  # fmt: skip
+        assert img.exists()  # and it was never mounted anywhere but detached
+        assert img.stem not in Path("/proc/mounts").read_text()
+    finally:
+        await sweep("local", prefix, LocalSandbox.Config(root_dir=sandbox_root))
+    assert not img.exists() and img.parent == _disk.template_dir()
