@@ -14,7 +14,7 @@ code, timeout flag). Paths inside a sandbox are sandbox paths; relative ones are
 ``Sandbox.workdir``. Every sandbox has a name starting with a run prefix, so ``sweep(prefix)``
 can remove what a killed run left behind (processes, cgroups, directories).
 
-The pool (``SandboxPool``, in ``agentrl/sandbox_pool.py`` and importable from here) bounds
+The pool (``SandboxPool``, ``from agentrl.sandbox_pool import SandboxPool``) bounds
 the number of live sandboxes by ``max_active``, keeps ``min_idle`` warm, limits the creation
 rate, health-checks before hand-out, closes sandboxes older than ``ttl_s`` and never reuses a
 sandbox after a rollout.
@@ -31,13 +31,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar, Self
+from typing import ClassVar, Self
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.registry import Registry
-
-if TYPE_CHECKING:
-    from agentrl.sandbox_pool import PoolStats, SandboxPool
 
 logger = logging.getLogger(__name__)
 
@@ -317,11 +314,18 @@ async def sweep(kind: str, prefix: str, config: object | None = None) -> SweepRe
 
 
 def __getattr__(name: str) -> object:
-    """``SandboxPool`` and ``PoolStats`` live in ``agentrl.sandbox_pool``; re-exported lazily."""
-    if name in ("SandboxPool", "PoolStats"):
-        from agentrl import sandbox_pool
+    """Deprecated: ``SandboxPool`` and ``PoolStats`` are imported from ``agentrl.sandbox_pool``.
 
-        return getattr(sandbox_pool, name)
+    The pool module builds on this one, so this one does not import it; the old spelling
+    still resolves for one release, with a DeprecationWarning.
+    """
+    if name in ("SandboxPool", "PoolStats"):
+        import importlib
+        import warnings
+
+        warnings.warn(f"import {name} from agentrl.sandbox_pool, not agentrl.sandbox",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        return getattr(importlib.import_module("agentrl.sandbox_pool"), name)
     raise AttributeError(f"module 'agentrl.sandbox' has no attribute {name!r}")
 
 
@@ -329,9 +333,7 @@ __all__ = [
     "SANDBOXES",
     "ExecResult",
     "OutputCap",
-    "PoolStats",
     "Sandbox",
-    "SandboxPool",
     "SandboxProcess",
     "SweepReport",
     "build_config",

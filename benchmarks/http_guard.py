@@ -4,7 +4,7 @@
 
 Three servers, each its own process on loopback:
 
-- ``guard``: ``agentrl tools serve`` (the tool server behind ``agentrl.http_guard.HttpGuard``,
+- ``guard``: ``agentrl tools serve`` (the tool server behind ``agentrl.http.HttpGuard``,
   with a bearer token and per-session tokens);
 - ``unguarded``: the same tool server app with the guard taken out (no checks at all): the
   floor for the latency of calls;
@@ -79,7 +79,7 @@ def baseline_app() -> Any:
 
 def unguarded_app() -> Any:
     """The tool server's app with ``HttpGuard`` taken out of its middleware."""
-    from agentrl.http_guard import HttpGuard
+    from agentrl.http import HttpGuard
     from agentrl.toolserver.server import ToolServer
     from tests.toolserver.toolsets import basic_toolset
 
@@ -171,7 +171,7 @@ def inprocess_cost(n: int) -> dict[str, float]:
     """Microseconds per request through a trivial ASGI app, bare and behind the guard."""
     import asyncio
 
-    from agentrl.http_guard import SESSION_HEADER, HttpGuard, header, tokens_equal
+    from agentrl.http import SESSION_HEADER, HttpGuard, header, tokens_equal
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await receive()

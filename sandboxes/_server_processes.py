@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
+from agentrl.http import ApiError
 from agentrl.sandbox import SandboxProcess
-from agentrl.toolserver.http import ApiError
 
 if TYPE_CHECKING:
     from sandboxes.server import Entry, SandboxServer

@@ -3,7 +3,7 @@
     sb = await make_sandbox("remote", url="http://10.0.0.5:8771", token=t, options={"memory_mb": 512})
     r = await sb.exec("pytest -x", timeout_s=600)             # same API as any Sandbox
 
-Each method is one HTTP request (``agentrl.toolserver.http.ApiClient``: bearer token, a client
+Each method is one HTTP request (``agentrl.http.ApiClient``: bearer token, a client
 per event loop, transport failures retried); requests about the sandbox also carry the token
 its create returned (``X-Session-Token``), without which the server answers 403. Mutating
 requests (create, exec, write_file, upload) carry a fresh request id that a retry reuses, so a
@@ -35,9 +35,8 @@ from typing import Any, Self
 import httpx2
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.http_guard import SESSION_HEADER
+from agentrl.http import SESSION_HEADER, ApiClient, api_error
 from agentrl.sandbox import ExecResult, Sandbox, SandboxProcess, SweepReport, new_name
-from agentrl.toolserver.http import ApiClient, api_error
 from sandboxes._files import extract_tar
 
 TOKEN_ENV = "AGENTRL_SANDBOX_TOKEN"

@@ -14,7 +14,7 @@
                                            interrupt|kill   (long-lived shells, e.g. the bash tool)
     DELETE /sandboxes/{id}                 POST /sandboxes/sweep {prefix}    GET /health (no auth)
 
-Before a body is read, ``HttpGuard`` (``agentrl/http_guard.py``) checks the bearer token (401),
+Before a body is read, ``HttpGuard`` (``agentrl.http.guard``) checks the bearer token (401),
 the sandbox's own token in ``X-Session-Token`` on every ``/sandboxes/{id}/...`` request (403;
 issued by the create, on by default, so a client cannot drive another's sandbox), and the
 body cap (413; uploads have a larger one). Each server sandbox is a sandbox of ``backend`` (default "local": bubblewrap + cgroups); the
@@ -57,14 +57,18 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from pydantic import BaseModel, Field
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.http_guard import SESSION_HEADER, HttpGuard, Refusal, header, tokens_equal
-from agentrl.sandbox import Sandbox, build_config, make_sandbox, new_name, sandbox_class, sweep
-from agentrl.toolserver.http import (
+from agentrl.http import (
     NO_DOCS,
+    SESSION_HEADER,
     ApiError,
+    HttpGuard,
+    Refusal,
     ReplayCache,
+    header,
     install_error_handlers,
+    tokens_equal,
 )
+from agentrl.sandbox import Sandbox, build_config, make_sandbox, new_name, sandbox_class, sweep
 from sandboxes._files import extract_tar
 from sandboxes._server_processes import PipedProcess, process_routes
 
@@ -417,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    from agentrl.toolserver.http import SERVER_LOOP, check_bind
+    from agentrl.http import SERVER_LOOP, check_bind
 
     p = argparse.ArgumentParser(prog="python -m sandboxes.server", description=main.__doc__)
     p.add_argument("--host", default="127.0.0.1")
@@ -434,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
                    'seccomp=false or \'ro_paths=["/usr","/opt/venv"]\' (repeatable)')  # fmt: skip
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    check_bind(a.host, a.token)
+    check_bind(a.host, a.token, token_env=TOKEN_ENV, serves="run commands in its sandboxes")
     cfg = SandboxServer.Config(token=a.token, backend=a.backend, max_sandboxes=a.max_sandboxes,
                                max_body_bytes=int(a.max_body_mb * (1 << 20)),
                                max_upload_bytes=int(a.max_upload_mb * (1 << 20)),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentrl.http_guard import BodyTooLarge, HttpGuard, Refusal
+from agentrl.http import BodyTooLarge, HttpGuard, Refusal
 
 
 def scope(path: str = "/x", headers: dict[str, str] | None = None, kind: str = "http") -> Any:

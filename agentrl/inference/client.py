@@ -44,7 +44,7 @@ import httpx2
 import torch
 
 from agentrl.errors import ConfigError, InferenceError, ServerUnavailableError
-from agentrl.http_guard import bearer_headers
+from agentrl.http import bearer_headers
 from agentrl.inference.backends import Dialect, make_dialect, split_backend_url
 from agentrl.inference.backends.base import error_message
 from agentrl.inference.protocol import Completion, SamplingParams

@@ -25,7 +25,9 @@ from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import ConfigError
+from agentrl.http import json_response, parse_body
 from agentrl.inference.engine import EngineResult
+from agentrl.inference.responses import error_response
 from agentrl.inference.wire import WireSamplingParams
 
 if TYPE_CHECKING:
@@ -89,8 +91,6 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
 
 
 def add_openai_routes(app: FastAPI, state: ServerState) -> None:
-    from agentrl.inference.server import error_response, json_response, parse_body
-
     tok = state.tokenizer
 
     async def run_n(req: _Common, ids: list[int], max_tokens: int, top: int) -> list[EngineResult]:

@@ -16,7 +16,7 @@ Endpoints: ``/generate``; ``/v1/completions``, ``/v1/chat/completions``, ``/v1/m
 ``/update_weights_from_distributed``, ``/destroy_weights_update_group``, in
 ``server_collective.py``); ``/pause_generation``, ``/continue_generation``, ``/abort_request``.
 Errors are ``{"error": {"message", "type", "code"}}`` with a 4xx for bad input and a 5xx when
-the engine failed. ``HttpGuard`` (``agentrl/http_guard.py``) runs before any body is read: an
+the engine failed. ``HttpGuard`` (``agentrl.http.guard``) runs before any body is read: an
 optional bearer token (``--api-key`` or ``AGENTRL_INFERENCE_API_KEY``, SGLang's and vLLM's
 ``Authorization: Bearer`` scheme; off by default, for loopback; ``/health`` stays open) and
 a body cap (413): ``--max-body-mb`` (64) for every route but ``/update_weights_from_tensor``,
@@ -29,29 +29,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
 import uuid
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from fastapi import FastAPI, Request, Response
-from pydantic import BaseModel, ValidationError
 
 from agentrl.errors import ConfigError
-from agentrl.http_guard import HttpGuard, is_loopback
+from agentrl.http import HttpGuard, is_loopback, json_response, parse_body
 from agentrl.inference.engine import Engine, EngineRequest, EngineResult, RequestParams
+from agentrl.inference.responses import error_response
 from agentrl.inference.wire import (
     GenerateRequest,
     WireSamplingParams,
-    error_body,
     generate_response,
 )
 
 logger = logging.getLogger(__name__)
-M = TypeVar("M", bound=BaseModel)
 API_KEY_ENV = "AGENTRL_INFERENCE_API_KEY"
 WEIGHT_BODY_ROUTES = ("/update_weights_from_tensor",)
 """Routes whose bodies are weights (safetensors buckets), capped by ``max_weight_body_bytes``."""
@@ -65,45 +62,6 @@ def guard_config(
                             route_caps={r: max_weight_body_bytes for r in WEIGHT_BODY_ROUTES},
                             cap_hint="restart the server with a larger --max-body-mb "
                             "(weight updates: --max-weight-body-mb)")  # fmt: skip
-
-
-def json_response(obj: object, status: int = 200) -> Response:
-    return Response(json.dumps(obj, separators=(",", ":")), status, media_type="application/json")
-
-
-def update_failure(message: str, status: int = 400) -> Response:
-    """The answer of a refused weight update: SGLang's ``success``/``message`` fields plus ours."""
-    return json_response({"success": False, "message": message, "error": {"message": message}},
-                         status)  # fmt: skip
-
-
-def error_response(message: str, status: int = 400) -> Response:
-    kind = "BadRequestError" if status < 500 else "InternalServerError"
-    return json_response(error_body(message, status=status, kind=kind), status)
-
-
-def validation_message(exc: ValidationError) -> str:
-    """One readable line per error; union branches (``list[int]``, model names) left out."""
-    errors = exc.errors()
-    real = [e for e in errors if "valid list" not in e["msg"] and "valid array" not in e["msg"]]
-    parts: list[str] = []
-    for err in real or errors:
-        loc = ".".join(
-            str(x) for x in err["loc"] if not (isinstance(x, str) and ("[" in x or x[:1].isupper()))
-        )
-        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        line = f"{loc}: {msg}" if loc else msg
-        if line not in parts:
-            parts.append(line)
-    return "invalid request: " + "; ".join(parts[:4])
-
-
-def parse_body(model: type[M], body: bytes) -> M:
-    """Validate a JSON body; ConfigError with a readable message otherwise."""
-    try:
-        return model.model_validate_json(body or b"{}")
-    except ValidationError as exc:
-        raise ConfigError(validation_message(exc)) from exc
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

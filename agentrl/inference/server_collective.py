@@ -53,6 +53,8 @@ from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict
 
 from agentrl.errors import ConfigError
+from agentrl.http import json_response, parse_body
+from agentrl.inference.responses import parse_version, update_failure
 
 if TYPE_CHECKING:
     from agentrl.inference.server import ServerState
@@ -222,9 +224,6 @@ def add_collective_routes(
 ) -> None:
     """Register the three endpoints. ``apply`` copies a bucket into the model between steps
     (``server_weights``); ``model`` is the served state_dict (names and shapes)."""
-    from agentrl.inference.server import json_response, parse_body, update_failure
-    from agentrl.inference.server_weights import parse_version
-
     engine = state.engine
     groups: dict[str, UpdateGroup] = {}
     joining = asyncio.Lock()

@@ -42,7 +42,9 @@ from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict
 
 from agentrl.errors import ConfigError
+from agentrl.http import json_response, parse_body
 from agentrl.inference.engine import RequestParams
+from agentrl.inference.responses import error_response, parse_version, update_failure
 from agentrl.inference.server_collective import add_collective_routes
 from agentrl.inference.weights import (
     CHECKSUM_KINDS,
@@ -94,14 +96,6 @@ class AbortRequest(BaseModel):
     abort_all: bool = False
 
 
-def parse_version(value: int | str | None) -> int | None:
-    if value is None or isinstance(value, int):
-        return value
-    if value.lstrip("-").isdigit():
-        return int(value)
-    raise ConfigError(f"weight_version must be an integer, got {value!r}.")
-
-
 def _flag(request: Request, name: str, default: bool) -> bool:
     raw = request.query_params.get(name)
     if raw is None:
@@ -133,12 +127,6 @@ def _checksum_threads() -> int:
 
 
 def add_control_routes(app: FastAPI, state: ServerState) -> None:
-    from agentrl.inference.server import (
-        error_response,
-        json_response,
-        parse_body,
-        update_failure,
-    )
 
     engine = state.engine
     shapes = {n: t for n, t in engine.model.state_dict().items()}

@@ -15,9 +15,10 @@ from typing import Annotated
 import typer
 
 from agentrl.errors import ConfigError
+from agentrl.http import SERVER_LOOP, check_bind
 from agentrl.registry import load_entry_point
 from agentrl.tool import ToolSet
-from agentrl.toolserver.http import SERVER_LOOP, TOKEN_ENV, check_bind
+from agentrl.toolserver.client import TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def tools_serve(
     from agentrl.sandbox_pool import SandboxPool
     from agentrl.toolserver.server import ToolServer, build_server
 
-    check_bind(host, token)
+    check_bind(host, token, token_env=TOKEN_ENV, serves="run tools")
     config = ToolServer.Config(
         token=token, sandbox=sandbox, call_timeout_s=call_timeout, rate_per_s=rate, burst=burst,
         session_ttl_s=session_ttl, pool=SandboxPool.Config(max_active=max_sandboxes),

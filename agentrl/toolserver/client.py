@@ -37,12 +37,14 @@ from typing import Any
 import httpx2
 
 from agentrl.errors import SandboxError, ToolError
-from agentrl.http_guard import SESSION_HEADER
+from agentrl.http import SESSION_HEADER, ApiClient, api_error
 from agentrl.tool import Tool, ToolResult, ToolSet
-from agentrl.toolserver.http import TOKEN_ENV, ApiClient, api_error
 from agentrl.types import JSON, ToolCall
 
 logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "AGENTRL_TOOL_TOKEN"
+"""The environment variable holding the tool server's bearer token (server and client)."""
 
 
 class SchemaTool(Tool):

@@ -2,7 +2,7 @@
 
     server = ToolServer(swe_toolset(), ToolServer.Config(token="s3cret", sandbox="local"))
     uvicorn.run(server.app(), host="127.0.0.1", port=8770, loop=SERVER_LOOP)  # not uvloop
-    # or: agentrl tools serve ...    (SERVER_LOOP: agentrl.toolserver.http explains why)
+    # or: agentrl tools serve ...    (SERVER_LOOP: agentrl.http.service explains why)
 
     POST   /sessions                    -> {"session_id", "session_token", "tools"}  (+ a sandbox)
     GET    /tools                       -> [OpenAI function-tool schema, ...]
@@ -10,7 +10,7 @@
     DELETE /sessions/{id}               closes the session and its sandbox
     GET    /health (no auth)            GET /metrics -> calls, errors, latency per tool
 
-How a call moves: ``HttpGuard`` (``agentrl/http_guard.py``), before the body is read: bearer
+How a call moves: ``HttpGuard`` (``agentrl.http.guard``), before the body is read: bearer
 token (401), the session's token in ``X-Session-Token`` (403; per-session tokens are on by
 default, so one client cannot drive another's sandbox), the body cap (413) -> the session
 (404 if unknown or expired) -> the replay cache
@@ -42,17 +42,21 @@ from fastapi import APIRouter, FastAPI, Response
 from pydantic import BaseModel, Field
 
 from agentrl.errors import ConfigError, SandboxError, ToolError
-from agentrl.http_guard import SESSION_HEADER, HttpGuard, Refusal, header, tokens_equal
+from agentrl.http import (
+    NO_DOCS,
+    SESSION_HEADER,
+    ApiError,
+    HttpGuard,
+    Refusal,
+    ReplayCache,
+    TokenBucket,
+    header,
+    install_error_handlers,
+    tokens_equal,
+)
 from agentrl.sandbox import Sandbox
 from agentrl.sandbox_pool import SandboxPool
 from agentrl.tool import ToolResult, ToolSet
-from agentrl.toolserver.http import (
-    NO_DOCS,
-    ApiError,
-    ReplayCache,
-    TokenBucket,
-    install_error_handlers,
-)
 from agentrl.types import JSON, ToolCall
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from typing import Self
 import pytest
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.sandbox import SANDBOXES, ExecResult, Sandbox, SandboxPool, new_name
+from agentrl.sandbox import SANDBOXES, ExecResult, Sandbox, new_name
+from agentrl.sandbox_pool import SandboxPool
 from sandboxes.local import LocalSandbox
 from tests.sandboxes.conftest import leftovers, local_ready
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from agentrl.http import ApiError, ServerThread
 from agentrl.sandbox import make_sandbox, new_name
-from agentrl.toolserver.http import ApiError, ServerThread
 from tests.sandboxes.conftest import local_ready
 
 pytestmark = pytest.mark.skipif(local_ready() is not None, reason=str(local_ready()))

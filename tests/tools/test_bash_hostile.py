@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from agentrl.http import ServerThread
 from agentrl.sandbox import Sandbox, make_sandbox, new_name
-from agentrl.toolserver.http import ServerThread
 from sandboxes.remote import RemoteSandbox
 from tests.sandboxes.conftest import BACKENDS, docker_ready, leftovers, local_ready
 from tools.bash import bash

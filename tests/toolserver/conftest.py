@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.http import ServerThread
 from agentrl.sandbox_pool import SandboxPool
 from agentrl.tool import ToolSet
-from agentrl.toolserver.http import ServerThread
 from agentrl.toolserver.server import ToolServer
 from tests.sandboxes.conftest import local_ready
 

@@ -31,9 +31,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agentrl.http import ServerThread
 from agentrl.sandbox_pool import SandboxPool
 from agentrl.toolserver import RemoteToolSet, ToolServer
-from agentrl.toolserver.http import ServerThread
 from agentrl.types import ToolCall
 from sandboxes import _cgroup
 from tools.swe import swe_toolset

@@ -130,8 +130,8 @@ async def test_pool_of_remote_sandboxes(sandbox_server: Server) -> None:
 
 async def test_tool_server_on_remote_sandboxes(sandbox_server: Server) -> None:
     """Tool server -> pool of RemoteSandbox -> sandbox server: the bash tool per session."""
+    from agentrl.http import ServerThread
     from agentrl.toolserver.client import RemoteToolSet
-    from agentrl.toolserver.http import ServerThread
     from agentrl.toolserver.server import ToolServer
     from tools.swe import swe_toolset
 

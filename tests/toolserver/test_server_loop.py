@@ -25,8 +25,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from agentrl.http import SERVER_LOOP, ServerThread
 from agentrl.toolserver.cli import tools_serve
-from agentrl.toolserver.http import SERVER_LOOP, ServerThread
 from sandboxes import server as sandbox_server
 
 BURST = 24

@@ -16,9 +16,8 @@ import httpx2
 import pytest
 
 from agentrl.errors import SandboxError, ToolError
-from agentrl.http_guard import SESSION_HEADER, HttpGuard
+from agentrl.http import SESSION_HEADER, HttpGuard, ServerThread
 from agentrl.toolserver.client import RemoteToolSet
-from agentrl.toolserver.http import ServerThread
 from agentrl.toolserver.server import ToolServer
 from agentrl.types import ToolCall
 from tests.toolserver import toolsets

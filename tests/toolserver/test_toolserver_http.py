@@ -12,10 +12,10 @@ import httpx2
 import pytest
 
 from agentrl.errors import ConfigError, SandboxError, ToolError
+from agentrl.http import ServerThread, check_bind
 from agentrl.sandbox import Sandbox
 from agentrl.tool import ToolSet
 from agentrl.toolserver.client import RemoteToolSet
-from agentrl.toolserver.http import ServerThread, check_bind
 from agentrl.toolserver.server import ToolServer
 from agentrl.types import ToolCall
 from tests.sandboxes.conftest import leftovers
@@ -85,10 +85,10 @@ async def test_auth_required_everywhere_but_health(basic: tuple[ToolServer, str]
 
 
 def test_refuses_public_bind_without_token() -> None:
-    with pytest.raises(ConfigError, match="refusing to bind"):
-        check_bind("0.0.0.0", "")
-    check_bind("0.0.0.0", "t")
-    check_bind("127.0.0.1", "")
+    with pytest.raises(ConfigError, match=r"refusing to bind.*could run tools.*AGENTRL_TOOL_TOKEN"):
+        check_bind("0.0.0.0", "", token_env="AGENTRL_TOOL_TOKEN", serves="run tools")
+    check_bind("0.0.0.0", "t", token_env="AGENTRL_TOOL_TOKEN")
+    check_bind("127.0.0.1", "", token_env="AGENTRL_TOOL_TOKEN")
 
 
 async def test_tool_failures_are_results_not_http_errors(http: httpx2.AsyncClient) -> None:
