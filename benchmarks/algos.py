@@ -4,6 +4,7 @@
     python benchmarks/algos.py --threads 1               # 1024 x 8192 fp32 tokens, every case
     python benchmarks/algos.py --quick --only gae,grpo   # 64 x 512, cases whose name has a substring
     python benchmarks/algos.py --check                   # agreement only, small batches (tests)
+    python benchmarks/algos.py --huge-pages              # both sides on huge-page allocations
 
 verl lives in its own venv, ``benchmarks/.venv-verl``: ``--setup-verl`` makes it with this
 interpreter, points it at this interpreter's site-packages (so both sides run on the very same
@@ -19,6 +20,13 @@ on mask-1 tokens (untimed), and times both, interleaved: the best of ``--repeats
 Sequence-level estimators return (B, 1) in agentrl; the ``dense`` cases add ``token_level`` so
 both sides write the same (B, T) tensor that verl returns. Losses are timed forward only, and
 forward + backward. The last line is one JSON object: the worst ratio against its goal.
+
+Allocation: on CPU a fresh (B, T) tensor costs a page fault per 4 KiB page as it is first
+written, often more than the arithmetic that fills it. agentrl's estimators put their large
+results on transparent huge pages (``agentrl.algos.ops.empty_output``); verl's functions use
+torch's default allocator, as they do for their users. ``--huge-pages`` runs both sides with
+torch's own ``THP_MEM_ALLOC_ENABLE=1`` (every allocation of 2 MB or more on huge pages), which
+separates what the allocation buys from what the arithmetic does.
 """
 
 from __future__ import annotations
@@ -86,8 +94,12 @@ def _in_verl_venv() -> bool:
     return Path(sys.prefix).resolve() == VENV.resolve()
 
 
-def _reexec_in_venv() -> None:
-    if _in_verl_venv():
+def _reexec_in_venv(*, huge_pages: bool = False) -> None:
+    """Run this script in the verl venv (and, for ``huge_pages``, with THP_MEM_ALLOC_ENABLE=1,
+    which torch reads once, at its first allocation: hence a fresh process)."""
+    if huge_pages and os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
+    elif _in_verl_venv():
         return
     if not _venv_python().exists():
         raise SystemExit(
@@ -256,7 +268,10 @@ def cases(d: Batch) -> list[Case]:
         ("rloo", ca.compute_rloo_vectorized_outcome_advantage, None),
     ):
         kw = {} if std is None else {"norm_adv_by_std_in_grpo": std}
-        fn: Callable[[], Tensor] = lambda f=theirs, kw=kw: f(r, m, ids_np, **kw)[0]  # noqa: E731
+
+        def fn(f: Callable[..., Any] = theirs, kw: dict[str, bool] = kw) -> Tensor:
+            return f(r, m, ids_np, **kw)[0]  # type: ignore[no-any-return]
+
         out.append(Case(f"{ours}, dense (B, T) out", _adv(ours, cfg, True, **grp), fn, m))
         out.append(Case(f"{ours}, (B, 1) out", _adv(ours, cfg, False, **grp), fn, m))
     out.append(
@@ -367,11 +382,17 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="64 x 512 instead of --batch x --seq")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--only", default="", help="comma-separated substrings of case names")
+    p.add_argument(
+        "--huge-pages",
+        action="store_true",
+        help="both sides with THP_MEM_ALLOC_ENABLE=1 (torch puts allocations >= 2 MB on huge "
+        "pages), to separate allocation from arithmetic",
+    )
     args = p.parse_args()
     if args.setup_verl:
         setup_verl()
         return
-    _reexec_in_venv()
+    _reexec_in_venv(huge_pages=args.huge_pages)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.check:
@@ -387,7 +408,12 @@ def main() -> None:
     print(
         f"batch {b} x {t} fp32 ({int(d.mask.sum())} generated tokens), group size "
         f"{args.group_size}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-        f"verl {verl.__version__}, load average {os.getloadavg()[0]:.1f}"
+        f"verl {verl.__version__}, load average {os.getloadavg()[0]:.1f}, allocator: "
+        + (
+            "THP_MEM_ALLOC_ENABLE=1 (both sides)"
+            if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
+            else "torch default (agentrl advises huge pages for its results)"
+        )
     )
     print(f"{'':38s} {'agentrl':>10s} {'verl':>10s} {'speedup':>8s} {'goal':>5s}  agree (max err)")
     wanted = [w for w in args.only.split(",") if w]
@@ -411,7 +437,13 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": f"agentrl.algos vs verl core_algos, {b}x{t} fp32, "
-                f"{torch.get_num_threads()} threads, worst case against its goal: {worst.name}",
+                f"{torch.get_num_threads()} threads"
+                + (
+                    ", THP_MEM_ALLOC_ENABLE=1"
+                    if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
+                    else ""
+                )
+                + f", worst case against its goal: {worst.name}",
                 "baseline": f"verl {verl.__version__} core_algos",
                 "ours": "agentrl.algos",
                 "ratio": round(ratio, 2),
