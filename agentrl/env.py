@@ -1,29 +1,52 @@
 """The Env contract: Gymnasium-shaped, async-first, speaking chat messages.
 
-    obs, info = await env.areset(seed=s)                          # obs: list[Message]
+    obs, info = await env.areset(seed=s)                                # obs: list[Message]
     obs, reward, terminated, truncated, info = await env.astep(action)  # action: Message
 
-An env owns the task, the world state and the reward. ``reset``/``step`` (sync) and
-``areset``/``astep`` (async) are twins: implement whichever fits and the other works.
-Envs are ``gymnasium.Env`` subclasses with ``MessagesSpace`` observation/action spaces, so
-``gymnasium.utils.env_checker.check_env`` runs on them too (see ``agentrl/env_checker.py``).
+One way to write an env: subclass ``Env`` and implement ``areset`` and ``astep`` (and
+``aclose`` when it holds resources). The kernel (AgentLoops, the collector, SFT, the splits)
+calls only these. ``reset``/``step``/``close`` on an ``Env`` are sync wrappers that run the
+async methods to completion, for Gymnasium's ``check_env``, scripts and tests; nothing
+overrides them. Two adapters cover envs written otherwise:
 
-Tool envs set ``tools`` (a ``ToolSet``); when an action carries tool calls, ``step`` runs them
-with ``await self.acall_tools(action)`` and returns the tool messages as the observation; a
-final text answer ends the episode with the reward. ``GymTextEnv`` runs a plain
-``gymnasium.Env`` whose observations and actions are text.
+    SyncEnv      implement plain ``reset``/``step``/``close`` (pure-Python envs); the async
+                 methods call them inline on the event loop (``SyncEnv`` says why)
+    GymTextEnv   an unmodified ``gymnasium.Env`` (an instance, a class or a Gymnasium id)
+                 whose observations and actions are text; a SyncEnv
+
+Envs are ``gymnasium.Env`` subclasses with ``MessagesSpace`` observation/action spaces, so
+``gymnasium.utils.env_checker.check_env`` runs on them through the sync wrappers (see
+``agentrl/env_checker.py``). Tool envs set ``tools`` (a ``ToolSet``); when an action carries
+tool calls, ``astep`` runs them with ``await self.acall_tools(action)`` and returns the tool
+messages as the observation; a final text answer ends the episode with the reward.
+
+Registration: ``register_env("ns/Name-vN", "pkg.mod:Cls", **defaults)``; ids, versions and the
+registry live in ``agentrl/env_spec.py``. ``make_env`` attaches a Gymnasium ``EnvSpec`` (id,
+entry point, ``max_episode_steps``, kwargs) to the env as ``env.spec`` and, when the id was
+registered with ``max_episode_steps``, wraps it in ``MaxTurns`` (as ``gymnasium.make`` applies
+``TimeLimit``). ``EnvWrapper`` and ``MaxTurns`` live here for that reason; ``TimeLimit`` and the
+wrappers' documentation are in ``agentrl/wrappers.py``.
+
+Deprecated, removed in agentrl 0.3: a class that subclasses ``Env`` directly and overrides
+``reset``/``step`` (the old way to write a sync env) is adopted as a ``SyncEnv`` when it is
+defined, with a ``DeprecationWarning`` saying what to change (``_adopt_legacy_sync_env``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any, ClassVar
+import warnings
+from abc import ABCMeta, abstractmethod
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import EnvSpec
 
-from agentrl.errors import ConfigError, UnknownEnvError
-from agentrl.registry import MODULES_HINT, Registry
+from agentrl.env_spec import EnvRegistry
+from agentrl.errors import ConfigError
+from agentrl.registry import MODULES_HINT
 from agentrl.spaces import MessagesSpace
 from agentrl.tool import ToolSet
 from agentrl.types import Message
@@ -31,39 +54,51 @@ from agentrl.types import Message
 Observation = list[Message]
 Info = dict[str, Any]
 StepResult = tuple[Observation, float, bool, bool, Info]
+R = TypeVar("R")
 
 
-class Env(gym.Env[Observation, Message]):
-    """Base class for agentrl environments. Subclass and implement ``reset``+``step`` or
-    ``areset``+``astep``.
+class Env(gym.Env[Observation, Message], metaclass=ABCMeta):
+    """Base class for agentrl environments: implement ``areset`` and ``astep``.
 
     Example::
 
         class Echo(Env):
             async def areset(self, *, seed=None, options=None):
-                await super().areset(seed=seed)  # seeds self.np_random (sync envs: super().reset)
+                await super().areset(seed=seed)  # seeds self.np_random
                 return [user("say hi")], {}
 
             async def astep(self, action):
                 return [], float("hi" in action.text), True, False, {}
 
-    Class attributes:
+        env = Echo()
+        obs, info = env.reset(seed=0)  # from sync code: runs areset in an event loop
+
+    An env whose methods are plain functions subclasses ``SyncEnv`` instead; a Gymnasium env
+    with text observations runs through ``GymTextEnv``.
+
+    Attributes:
       ``nondeterministic``: the same seed may not give the same episode (browsers, sandboxes);
       the checker skips its determinism checks.
       ``tools``: a ``ToolSet`` of tools the model may call in this env (shown to the model
       through the chat template), or None.
+      ``spec``: the Gymnasium ``EnvSpec`` that ``make_env`` attached (None when built directly).
 
     ``observation_space`` / ``action_space`` default to ``MessagesSpace`` (the action space
     samples calls to ``tools``); assign your own in ``__init__`` to narrow them.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012
-    nondeterministic: ClassVar[bool] = False
+    nondeterministic: bool = False
     tools: ToolSet | None = None
     _observation_space: gym.spaces.Space[Any] | None = None
     _action_space: gym.spaces.Space[Any] | None = None
 
-    @property  # type: ignore[override]
+    def __init_subclass__(cls, *, _adapter: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not _adapter:  # the adapters below implement the sync methods on purpose
+            _adopt_legacy_sync_env(cls)
+
+    @property
     def observation_space(self) -> gym.spaces.Space[Any]:
         if self._observation_space is None:
             self._observation_space = MessagesSpace.observations()
@@ -73,7 +108,7 @@ class Env(gym.Env[Observation, Message]):
     def observation_space(self, space: gym.spaces.Space[Any]) -> None:
         self._observation_space = space
 
-    @property  # type: ignore[override]
+    @property
     def action_space(self) -> gym.spaces.Space[Any]:
         if self._action_space is None:
             names = self.tools.names if self.tools is not None else ()
@@ -104,42 +139,45 @@ class Env(gym.Env[Observation, Message]):
             ]
         return await self.tools.run(action.tool_calls, **injected)
 
-    # --- async API (what AgentLoops call) ---------------------------------------------------
+    @property
+    def unwrapped(self) -> Env:
+        """The innermost env (itself, unless this is a wrapper)."""
+        return self
+
+    # --- what a subclass implements (and what the kernel calls) ---------------------------
+    @abstractmethod
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, Info]:
-        if type(self).reset is not Env.reset and type(self).areset is Env.areset:
-            return self.reset(seed=seed, options=options)  # a sync env
-        if type(self).reset is Env.reset and type(self).areset is Env.areset:
-            raise NotImplementedError(f"{type(self).__name__} must implement reset() or areset()")
-        # ``await super().areset(seed=seed)`` from a subclass: seed ``self.np_random``.
+        """Start an episode: the first observation (the task prompt) and an info dict.
+
+        Call ``await super().areset(seed=seed)`` first: it seeds ``self.np_random``, from
+        which all of the episode's randomness should come (returns an empty observation).
+        """
         gym.Env.reset(self, seed=seed)
         return [], {}
 
+    @abstractmethod
     async def astep(self, action: Message) -> StepResult:
-        if type(self).step is Env.step:
-            raise NotImplementedError(f"{type(self).__name__} must implement step() or astep()")
-        return self.step(action)
+        """Apply the assistant's message: (observation, reward, terminated, truncated, info)."""
 
     async def aclose(self) -> None:
-        self.close()
+        """Release what the env holds (sandboxes, sessions); the default holds nothing."""
 
-    # --- sync API (Gymnasium) -------------------------------------------------------------
-    def reset(  # type: ignore[override]
+    # --- sync wrappers (Gymnasium's API; not overridden) ----------------------------------
+    def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, Info]:
-        if type(self).areset is not Env.areset and type(self).reset is Env.reset:
-            return _run_sync(self.areset(seed=seed, options=options))  # an async env
-        if type(self).reset is Env.reset and type(self).areset is Env.areset:
-            raise NotImplementedError(f"{type(self).__name__} must implement reset() or areset()")
-        # ``super().reset(seed=seed)`` from a subclass (the Gymnasium idiom): seed ``self.np_random``.
-        gym.Env.reset(self, seed=seed)
-        return [], {}
+        """``areset`` run to completion, for sync callers (not from inside an event loop)."""
+        return _run_sync(self.areset(seed=seed, options=options))
 
-    def step(self, action: Message) -> StepResult:  # type: ignore[override]
-        if type(self).astep is Env.astep:
-            raise NotImplementedError(f"{type(self).__name__} must implement step() or astep()")
+    def step(self, action: Message) -> StepResult:
+        """``astep`` run to completion, for sync callers (not from inside an event loop)."""
         return _run_sync(self.astep(action))
+
+    def close(self) -> None:
+        """``aclose`` run to completion, for sync callers (not from inside an event loop)."""
+        _run_sync(self.aclose())
 
     def task_key(self, observation: Observation, info: Info) -> str:
         """What names the task just drawn by reset; its hash decides the train/eval split.
@@ -164,59 +202,356 @@ class Env(gym.Env[Observation, Message]):
         return None
 
 
-def _run_sync(coro: Any) -> Any:
+def _run_sync(coro: Coroutine[Any, Any, R]) -> R:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
+    coro.close()  # never started: no "coroutine was never awaited" warning on top of the error
     raise RuntimeError(
-        "called a sync Env method from inside a running event loop; use areset()/astep() "
-        "instead (inside areset(), seed with `await super().areset(seed=seed)`)"
+        "called a sync Env method (reset/step/close) from inside a running event loop; await "
+        "areset()/astep()/aclose() instead (inside areset(), seed with "
+        "`await super().areset(seed=seed)`)"
     )
 
 
-ENVS: Registry[Env] = Registry(
-    "env",
+class SyncEnv(Env, _adapter=True):
+    """Adapter for an env written with plain methods: implement ``reset`` and ``step``.
+
+    Example::
+
+        class Echo(SyncEnv):
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)  # seeds self.np_random (the Gymnasium idiom)
+                return [user("say hi")], {}
+
+            def step(self, action):
+                return [], float("hi" in action.text), True, False, {}
+
+    ``close`` releases resources (default: none). The kernel still calls ``areset``/``astep``/
+    ``aclose``; here they call ``reset``/``step``/``close`` **inline**, on the event loop,
+    not in a worker thread, because:
+
+    - a pure-Python step is cheaper than a thread hop (a GuessNumber step takes about 10 us
+      inline, a round trip through ``asyncio.to_thread`` about 300 us on a busy 2-core
+      machine), and thousands of concurrent rollouts would need as many pool threads;
+    - the env stays single-threaded: its state and ``self.np_random`` are never touched from
+      two threads, and episodes stay reproducible.
+
+    The price: while ``step`` runs, every other rollout on the loop waits, and ``TimeLimit``
+    cannot interrupt it. An env that blocks (network, subprocesses, long computations) should
+    be an async ``Env``, or offload the blocking part itself with ``await
+    asyncio.to_thread(...)`` inside ``astep``.
+    """
+
+    @abstractmethod
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, Info]:
+        """Start an episode; call ``super().reset(seed=seed)`` first to seed ``self.np_random``."""
+        gym.Env.reset(self, seed=seed)
+        return [], {}
+
+    @abstractmethod
+    def step(self, action: Message) -> StepResult:
+        """Apply the assistant's message: (observation, reward, terminated, truncated, info)."""
+
+    def close(self) -> None:
+        """Release what the env holds; the default holds nothing."""
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, Info]:
+        return self.reset(seed=seed, options=options)
+
+    async def astep(self, action: Message) -> StepResult:
+        return self.step(action)
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+class _SyncCloseEnv(Env, _adapter=True):
+    """Deprecated path: an async env that overrides the sync ``close``; ``aclose`` runs it."""
+
+    def close(self) -> None:
+        """The old base's ``close``: nothing to release."""
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+LEGACY_REMOVED_IN = "0.3"
+
+
+def _adopt_legacy_sync_env(cls: type[Env]) -> None:
+    """Deprecated, removed in agentrl 0.3 with the old way it supports.
+
+    The old ``Env`` ran whichever of ``reset``/``areset`` a subclass wrote. A class that still
+    subclasses ``Env`` directly and overrides ``reset``/``step`` gets ``SyncEnv`` as its base
+    in place of ``Env`` (``super().reset(seed=seed)`` keeps seeding), and one overriding only
+    ``close`` gets a base whose ``aclose`` calls it. This runs once, when the class is
+    defined; it is the only place that looks at which methods a class defines.
+    """
+    overridden = [m for m in ("reset", "step", "close") if m in vars(cls)]
+    if not overridden or SyncEnv in cls.__mro__:
+        return
+    names = "/".join(f"{m}()" for m in overridden)
+    if Env not in cls.__bases__:
+        warnings.warn(
+            f"{cls.__qualname__} overrides {names}, the sync wrappers of an async Env; rollouts "
+            "call areset()/astep()/aclose() and never use them. Implement the async methods, or "
+            "derive the env from agentrl.env.SyncEnv.",
+            DeprecationWarning,
+            stacklevel=4,  # _adopt <- __init_subclass__ <- ABCMeta.__new__ <- the class statement
+        )
+        return
+    sync = "reset" in overridden or "step" in overridden
+    base = SyncEnv if sync else _SyncCloseEnv
+    cls.__bases__ = tuple(base if b is Env else b for b in cls.__bases__)
+    fix, now = (
+        (
+            "subclass agentrl.env.SyncEnv instead of Env (same methods; super().reset(seed=seed) "
+            "still seeds), or write async areset()/astep()",
+            "it is adopted as a SyncEnv",
+        )
+        if sync
+        else ("write `async def aclose(self)` instead of close()", "aclose() calls it")
+    )
+    warnings.warn(
+        f"{cls.__qualname__} overrides {names} of agentrl.env.Env, which now runs only "
+        f"areset()/astep()/aclose(): {fix}. Until agentrl {LEGACY_REMOVED_IN} it still works "
+        f"({now}).",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+
+
+# --- wrappers that make_env applies (the rest are in agentrl/wrappers.py) -------------------
+class EnvWrapper(Env):
+    """Base class for wrappers: override ``on_reset`` / ``on_step``.
+
+    Forwards everything it does not change (``tools``, ``nondeterministic``,
+    ``demonstration()``, the spaces, ``spec``, ``np_random``, other attributes) to the wrapped
+    env, and calls its async methods; ``reset``/``step`` from sync code run them like any
+    ``Env``'s. See ``agentrl/wrappers.py``.
+    """
+
+    def __init__(self, env: Env) -> None:
+        if not isinstance(env, Env):
+            raise ConfigError(
+                f"{type(self).__name__} wraps an agentrl Env, got {type(env).__name__}; a "
+                "plain gymnasium.Env goes through agentrl.env.GymTextEnv first"
+            )
+        self.env = env
+
+    # --- forwarded attributes (assigning one sets the wrapped env's) -------------------------
+    @property
+    def tools(self) -> ToolSet | None:
+        return self.env.tools
+
+    @tools.setter
+    def tools(self, value: ToolSet | None) -> None:
+        self.env.tools = value
+
+    @property
+    def nondeterministic(self) -> bool:
+        return self.env.nondeterministic
+
+    @nondeterministic.setter
+    def nondeterministic(self, value: bool) -> None:
+        self.env.nondeterministic = value
+
+    @property
+    def observation_space(self) -> gym.spaces.Space[Any]:
+        return self.env.observation_space
+
+    @observation_space.setter
+    def observation_space(self, space: gym.spaces.Space[Any]) -> None:
+        self.env.observation_space = space
+
+    @property
+    def action_space(self) -> gym.spaces.Space[Any]:
+        return self.env.action_space
+
+    @action_space.setter
+    def action_space(self, space: gym.spaces.Space[Any]) -> None:
+        self.env.action_space = space
+
+    @property
+    def unwrapped(self) -> Env:
+        return self.env.unwrapped
+
+    @property
+    def spec(self) -> EnvSpec | None:
+        return self.env.spec
+
+    @spec.setter
+    def spec(self, value: EnvSpec | None) -> None:
+        self.env.spec = value
+
+    @property
+    def np_random(self) -> np.random.Generator:
+        return self.env.np_random
+
+    @np_random.setter
+    def np_random(self, value: np.random.Generator) -> None:
+        self.env.np_random = value
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def demonstration(self) -> list[Message] | None:
+        return self.env.demonstration()
+
+    def task_key(self, observation: Observation, info: Info) -> str:
+        return self.env.task_key(observation, info)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}{self.env!r}>"
+
+    # --- hooks ----------------------------------------------------------------------------
+    def on_reset(self) -> None:
+        """Called after every reset of the inner env."""
+
+    def on_step(self, result: StepResult) -> StepResult:
+        """Called with every step result of the inner env; returns the (changed) result."""
+        return result
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, Info]:
+        out = await self.env.areset(seed=seed, options=options)
+        self.on_reset()
+        return out
+
+    async def astep(self, action: Message) -> StepResult:
+        return self.on_step(await self.env.astep(action))
+
+    async def aclose(self) -> None:
+        await self.env.aclose()
+
+
+def truncate(result: StepResult, by: str) -> StepResult:
+    """``result`` truncated (``info["truncated_by"] = by``) unless it already ended."""
+    obs, reward, terminated, truncated, info = result
+    if terminated or truncated:
+        return result
+    return obs, reward, False, True, {**info, "truncated_by": by}
+
+
+class MaxTurns(EnvWrapper):
+    """Truncate an episode after ``max_turns`` steps (``info["truncated_by"] == "max_turns"``)."""
+
+    def __init__(self, env: Env, max_turns: int) -> None:
+        if max_turns < 1:
+            raise ConfigError(f"MaxTurns.max_turns must be >= 1, got {max_turns}")
+        super().__init__(env)
+        self.max_turns = max_turns
+        self.turns = 0
+
+    def on_reset(self) -> None:
+        self.turns = 0
+
+    def on_step(self, result: StepResult) -> StepResult:
+        self.turns += 1
+        return truncate(result, "max_turns") if self.turns >= self.max_turns else result
+
+
+# --- the registry ---------------------------------------------------------------------------
+ENVS: EnvRegistry[Env] = EnvRegistry(
     entry_point_group="agentrl.envs",
     builtin_modules=("envs",),
-    error_cls=UnknownEnvError,
     hint=f"See `agentrl envs list`. For an env registered in your own code, {MODULES_HINT}.",
 )
 
 
-def register_env(id: str, entry_point: Any, *, description: str = "", **defaults: Any) -> None:
-    """Register an env id with a class/factory or a lazy ``"module:attr"`` string."""
-    ENVS.register(id, entry_point, description=description, **defaults)
+def register_env(
+    id: str,
+    entry_point: Any,
+    *,
+    description: str = "",
+    max_episode_steps: int | None = None,
+    **defaults: Any,
+) -> None:
+    """Register ``ns/Name-vN`` with a class/factory or a lazy ``"module:attr"`` string.
+
+    ``defaults`` are constructor kwargs (``make_env`` overrides them); ``max_episode_steps``
+    makes ``make_env`` wrap the env in ``MaxTurns``. A malformed id raises ``ConfigError``.
+    """
+    ENVS.register(
+        id,
+        entry_point,
+        description=description,
+        max_episode_steps=max_episode_steps,
+        **defaults,
+    )
 
 
 def make_env(id: str, **kwargs: Any) -> Env:
-    """Build a registered env; ``kwargs`` override the registered defaults."""
-    return ENVS.make(id, **kwargs)
+    """Build a registered env; ``kwargs`` override the registered defaults.
+
+    The env carries its spec, a Gymnasium ``EnvSpec``, as ``env.spec``: ``id`` (with
+    ``namespace``, ``name``, ``version``), ``entry_point``, ``max_episode_steps`` and the
+    ``kwargs`` it was built with. An unknown id raises ``UnknownEnvError`` naming the versions
+    of its name that exist (``arith/Calculator-v1 does not exist; available versions: v0``).
+    """
+    env = ENVS.make(id, **kwargs)
+    entry = ENVS.spec(id)
+    if not isinstance(env, Env):
+        plain = isinstance(env, gym.Env)
+        raise ConfigError(
+            f"env {id!r}: {entry.entry_point_str} made a {type(env).__name__}, not an agentrl "
+            "Env; "
+            + (
+                "register a plain gymnasium.Env through the adapter: "
+                f"register_env({id!r}, GymTextEnv, env={type(env).__name__}, instructions=...)"
+                if plain
+                else "the entry point must return an agentrl.env.Env"
+            )
+        )
+    steps = ENVS.max_episode_steps(id)
+    env.spec = EnvSpec(
+        id=id,
+        entry_point=entry.entry_point_str,
+        nondeterministic=env.nondeterministic,
+        max_episode_steps=steps,
+        order_enforce=False,  # agentrl's make applies none of gymnasium.make's wrappers
+        disable_env_checker=True,
+        kwargs={**entry.kwargs, **kwargs},
+    )
+    return env if steps is None else MaxTurns(env, steps)
 
 
-class GymTextEnv(Env):
-    """Run a plain ``gymnasium.Env`` whose observations and actions are text.
+# --- adapter for unmodified Gymnasium envs ----------------------------------------------------
+class GymTextEnv(SyncEnv):
+    """Run an unmodified ``gymnasium.Env`` whose observations and actions are text.
 
     Each text observation becomes a user message (the first one prefixed with
     ``instructions``); the assistant's text, passed through ``parse_action``, is the action.
     An action the inner env's ``action_space`` rejects is not sent to it: the model gets
     ``"Invalid action ..."`` back with reward ``invalid_action_reward`` and may try again.
+    The inner env's methods are sync, so this is a ``SyncEnv`` (they run inline).
 
         env = GymTextEnv("MyTextGame-v0", instructions="Reply with one word.")
         env = GymTextEnv(MyTextGame(), parse_action=str.lower)
+        register_env("games/MyTextGame-v0", GymTextEnv, env=MyTextGame, instructions="...")
 
     Args:
-        env: a ``gymnasium.Env`` or a Gymnasium id for ``gymnasium.make``.
+        env: a ``gymnasium.Env``, a Gymnasium id for ``gymnasium.make``, or a class/factory
+            that builds one (so a registration can name it).
         instructions: text put before the first observation.
         parse_action: assistant text -> inner action (default: the stripped text).
         format_observation: inner observation -> text (default: ``str``).
         invalid_action_reward: reward for an action outside the inner action space.
-        make_kwargs: passed to ``gymnasium.make`` when ``env`` is an id.
+        make_kwargs: passed to ``gymnasium.make`` (an id) or to the class/factory.
     """
 
     def __init__(
         self,
-        env: gym.Env[Any, Any] | str,
+        env: gym.Env[Any, Any] | str | Callable[..., gym.Env[Any, Any]],
         *,
         instructions: str = "",
         parse_action: Callable[[str], Any] | None = None,
@@ -224,26 +559,30 @@ class GymTextEnv(Env):
         invalid_action_reward: float = 0.0,
         **make_kwargs: Any,
     ) -> None:
-        if isinstance(env, str):
-            env = gym.make(env, **make_kwargs)
-        elif make_kwargs:
-            raise ConfigError(
-                f"GymTextEnv got make kwargs {sorted(make_kwargs)} with an env object; "
-                "pass them only with a Gymnasium id"
-            )
-        self.env = env
+        if isinstance(env, gym.Env):
+            if make_kwargs:
+                raise ConfigError(
+                    f"GymTextEnv got make kwargs {sorted(make_kwargs)} with an env object; "
+                    "pass them only with a Gymnasium id or an env class"
+                )
+            inner = env
+        elif isinstance(env, str):
+            inner = gym.make(env, **make_kwargs)
+        else:
+            inner = env(**make_kwargs)
+            if not isinstance(inner, gym.Env):
+                raise ConfigError(
+                    f"GymTextEnv: {env!r} built a {type(inner).__name__}, not a gymnasium.Env"
+                )
+        self.env = inner
         self.instructions = instructions
         self.parse_action = parse_action or str.strip
         self.format_observation = format_observation
         self.invalid_action_reward = invalid_action_reward
-        spec = getattr(env, "spec", None)
-        self._nondeterministic = bool(spec is not None and spec.nondeterministic)
+        spec = inner.spec
+        self.nondeterministic = bool(spec is not None and spec.nondeterministic)
 
-    @property  # type: ignore[misc]
-    def nondeterministic(self) -> bool:  # type: ignore[override]
-        return self._nondeterministic
-
-    def reset(  # type: ignore[override]
+    def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, Info]:
         super().reset(seed=seed)
@@ -253,7 +592,7 @@ class GymTextEnv(Env):
             text = f"{self.instructions}\n{text}"
         return [Message(role="user", content=text)], dict(info)
 
-    def step(self, action: Message) -> StepResult:  # type: ignore[override]
+    def step(self, action: Message) -> StepResult:
         try:
             inner = self.parse_action(action.text)
             valid = self.env.action_space.contains(inner)

@@ -14,18 +14,22 @@ Checks, in order (each becomes a ``CheckResult``):
   tools         every tool schema is a valid OpenAI function tool (JSON schema of an object)
   demonstration demonstration() replays to terminated with a positive reward, and the
                 observations it contains are the ones the env returns
-  sync_async    reset/step and areset/astep agree (skipped if nondeterministic)
+  sync_async    reset/step and areset/astep agree, e.g. for a SyncEnv that overrides astep
+                (skipped if nondeterministic)
   gymnasium     gymnasium.utils.env_checker.check_env (render check skipped; determinism
                 parts skipped for nondeterministic envs); its warnings go to report.warnings
 
-The checker drives the sync API, which runs its own event loop; called from inside a running
-loop it moves itself to a worker thread. The CLI uses ``list_envs`` and ``check_env_cli``.
+The checker drives the sync API (``reset``/``step``, which run an async env's ``areset``/``astep``
+in an event loop of their own); called from inside a running loop it moves itself to a worker
+thread. An env built by ``make_env`` keeps its spec; Gymnasium's checker sees it. The CLI uses
+``list_envs`` and ``check_env_cli``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import math
 import re
@@ -416,12 +420,16 @@ def _check_gymnasium(env: Env, env_id: str, skip_det: bool, report: EnvCheckRepo
 
     inner = env.unwrapped
     old_spec = inner.spec
-    gym_id = env_id if "/" in env_id or "-v" in env_id else f"agentrl/{env_id}-v0"
-    inner.spec = EnvSpec(
-        id=gym_id,
-        entry_point=f"{type(inner).__module__}:{type(inner).__qualname__}",
-        nondeterministic=skip_det,
-    )
+    # Gymnasium's checker reads spec.nondeterministic; an env built directly has no spec yet.
+    if old_spec is not None:
+        inner.spec = dataclasses.replace(old_spec, nondeterministic=skip_det)
+    else:
+        gym_id = env_id if "/" in env_id or "-v" in env_id else f"agentrl/{env_id}-v0"
+        inner.spec = EnvSpec(
+            id=gym_id,
+            entry_point=f"{type(inner).__module__}:{type(inner).__qualname__}",
+            nondeterministic=skip_det,
+        )
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -28,7 +28,7 @@ report them to the AgentLoop machinery, which turns them into values.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 class AgentRLError(Exception):
@@ -46,10 +46,25 @@ class RegistryError(AgentRLError):
 class UnknownIdError(RegistryError, KeyError):
     """An id that is not registered. The message suggests close matches."""
 
-    def __init__(self, kind: str, key: str, known: Iterable[str], hint: str = "") -> None:
+    def __init__(
+        self,
+        kind: str,
+        key: str,
+        known: Iterable[str],
+        hint: str = "",
+        *,
+        reason: str = "",
+        suggestions: Sequence[str] | None = None,
+    ) -> None:
+        """``reason`` replaces the opening "no KIND 'KEY'."; ``suggestions`` replace the
+        spelling-based ones (e.g. the versions of an env that exist)."""
         known = sorted(known)
-        close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-        msg = f"no {kind} {key!r}."
+        close = (
+            list(suggestions)
+            if suggestions is not None
+            else difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+        )
+        msg = reason or f"no {kind} {key!r}."
         if close:
             msg += " Did you mean " + " or ".join(repr(c) for c in close) + "?"
         elif known:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.env import Env
+from agentrl.env import Env, SyncEnv
 from agentrl.env_checker import EnvCheckReport, check_env, check_env_cli, list_envs
 from agentrl.errors import EnvCheckError, EnvError, UnknownEnvError
 from agentrl.tool import ToolSet, tool
@@ -16,12 +16,12 @@ from agentrl.wrappers import MaxTurns
 
 
 class Good(Env):
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        await super().areset(seed=seed)
         self.n = int(self.np_random.integers(100))
         return [Message(role="user", content=f"Say {self.n}.")], {}
 
-    def step(self, action: Message):
+    async def astep(self, action: Message):
         return [], float(action.text == str(self.n)), True, False, {}
 
     def demonstration(self) -> list[Message]:
@@ -31,8 +31,8 @@ class Good(Env):
 class Unseeded(Good):
     """Draws its task from the global RNG: the same seed gives different tasks."""
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        await super().areset(seed=seed)
         self.n = random.randint(0, 10**9)
         return [Message(role="user", content=f"Say {self.n}.")], {}
 
@@ -44,18 +44,18 @@ class DeclaredNondeterministic(Unseeded):
 class HiddenUnseeded(Env):
     """The prompt never changes, but the secret behind it ignores the seed."""
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        await super().areset(seed=seed)
         self.secret = random.randint(0, 10**9)
         return [Message(role="user", content="Guess my number.")], {}
 
-    def step(self, action: Message):
+    async def astep(self, action: Message):
         hint = f"it is not {self.secret % 997}"  # reveals the hidden state
         return [Message(role="user", content=hint)], 0.0, False, False, {}
 
 
 class HiddenUnseededWithDemo(HiddenUnseeded):
-    def step(self, action: Message):
+    async def astep(self, action: Message):
         return [], float(action.text == str(self.secret)), True, False, {}
 
     def demonstration(self) -> list[Message]:
@@ -65,11 +65,11 @@ class HiddenUnseededWithDemo(HiddenUnseeded):
 class LaterStepsUnseeded(Good):
     """Same task per seed, but from the second step on the replies use the global RNG."""
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self.turn = 0
-        return super().reset(seed=seed, options=options)
+        return await super().areset(seed=seed, options=options)
 
-    def step(self, action: Message):
+    async def astep(self, action: Message):
         self.turn += 1
         if self.turn < 2:
             return [Message(role="user", content="again")], 0.0, False, False, {}
@@ -77,13 +77,13 @@ class LaterStepsUnseeded(Good):
 
 
 class NanReward(Good):
-    def step(self, action: Message):
+    async def astep(self, action: Message):
         return [], float("nan"), True, False, {}
 
 
 class TextObservation(Good):
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        await super().areset(seed=seed)
         return "hello", {}  # type: ignore[return-value]
 
 
@@ -92,7 +92,19 @@ class WrongDemo(Good):
         return [Message(role="assistant", content="-1")]
 
 
-class AsyncDisagrees(Good):
+class SyncGood(SyncEnv):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.n = int(self.np_random.integers(100))
+        return [Message(role="user", content=f"Say {self.n}.")], {}
+
+    def step(self, action: Message):
+        return [], float(action.text == str(self.n)), True, False, {}
+
+
+class AsyncDisagrees(SyncGood):
+    """A SyncEnv whose astep does not run its step."""
+
     async def astep(self, action: Message):
         return [], 0.5, True, False, {}
 
@@ -117,8 +129,9 @@ def failed(report: EnvCheckReport) -> dict[str, str]:
     return {r.name: r.message for r in report.failed}
 
 
-def test_a_good_env_passes_every_check() -> None:
-    report = check_env(Good())
+@pytest.mark.parametrize("cls", [Good, SyncGood])
+def test_a_good_env_passes_every_check(cls: type[Env]) -> None:
+    report = check_env(cls())
     assert report.passed, str(report)
     assert [r.name for r in report.results] == [
         "spaces",

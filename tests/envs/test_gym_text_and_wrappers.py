@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-from agentrl.env import Env, GymTextEnv, make_env
+from agentrl.env import ENVS, Env, GymTextEnv, make_env, register_env
 from agentrl.env_checker import check_env
 from agentrl.errors import ConfigError
 from agentrl.types import Message
@@ -71,6 +71,25 @@ def test_gym_text_env_passes_the_checker_and_makes_by_gym_id() -> None:
         gym.registry.pop("agentrl-test/WordChain-v0")
     with pytest.raises(ConfigError, match="only with a Gymnasium id"):
         GymTextEnv(WordChain(), max_episode_steps=3)
+
+
+def test_an_unmodified_gym_env_registers_through_the_adapter_and_passes_the_checker() -> None:
+    register_env(
+        "test-gym/WordChain-v0", GymTextEnv, env=WordChain, instructions="Repeat each word."
+    )
+    register_env("test-gym/Plain-v0", WordChain)
+    try:
+        env = make_env("test-gym/WordChain-v0")
+        assert isinstance(env, GymTextEnv) and isinstance(env.env, WordChain)
+        assert env.reset(seed=0)[0][0].content.startswith("Repeat each word.\n")
+        report = check_env("test-gym/WordChain-v0")  # gymnasium's check_env included
+        assert report.passed, str(report)
+        assert "gymnasium" in {r.name for r in report.results if not r.skipped}
+        with pytest.raises(ConfigError, match=r"through the adapter: register_env\("):
+            make_env("test-gym/Plain-v0")  # a plain gymnasium.Env is not an agentrl Env
+    finally:
+        ENVS.unregister("test-gym/WordChain-v0")
+        ENVS.unregister("test-gym/Plain-v0")
 
 
 def test_max_turns_truncates_and_forwards() -> None:
