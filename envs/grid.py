@@ -101,17 +101,17 @@ class GridWorldEnv(Env):
             rows.append(f"#{line}#")
         return "\n".join([*rows, rows[0]])
 
-    def reset(  # type: ignore[override]
+    async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, Info]:
-        super().reset(seed=seed)
+        await super().areset(seed=seed)
         self.turns = 0
         self._layout()
         self.pos = self.start
         prompt = f"Reach G. Reply up, down, left or right.\n{self.render_grid()}"
         return [Message(role="user", content=prompt)], {"max_turns": self.max_turns}
 
-    def step(self, action: Message) -> StepResult:  # type: ignore[override]
+    async def astep(self, action: Message) -> StepResult:
         self.turns += 1
         found = _MOVE.findall(action.text)
         if not found:

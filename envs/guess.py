@@ -53,10 +53,10 @@ class GuessNumberEnv(Env):
         self.secret: int | None = None
         self.turns = 0
 
-    def reset(  # type: ignore[override]
+    async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, Info]:
-        super().reset(seed=seed)
+        await super().areset(seed=seed)
         secret = (options or {}).get("secret")
         self.secret = (
             int(secret)
@@ -84,7 +84,7 @@ class GuessNumberEnv(Env):
             return "Too high.", False
         return "Correct!", True
 
-    def step(self, action: Message) -> StepResult:  # type: ignore[override]
+    async def astep(self, action: Message) -> StepResult:
         self.turns += 1
         reply, won = self._feedback(action.text)
         info: Info = {"turns": self.turns, "won": won}

@@ -74,10 +74,10 @@ class ReasoningTaskEnv(Env):
             q = q[len(self.strip_prefix) :].strip()
         return f"{q}\n{INSTRUCTION}"
 
-    def reset(  # type: ignore[override]
+    async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, Info]:
-        super().reset(seed=seed)
+        await super().areset(seed=seed)
         index = (options or {}).get("index")
         if index is None:
             index = int(self.np_random.integers(len(self.dataset)))
@@ -87,7 +87,7 @@ class ReasoningTaskEnv(Env):
             "index": int(index),
         }
 
-    def step(self, action: Message) -> StepResult:  # type: ignore[override]
+    async def astep(self, action: Message) -> StepResult:
         if self.entry is None:
             raise ConfigError("ReasoningTaskEnv.step() called before reset()")
         answer = extract_answer(action.text)

@@ -92,10 +92,10 @@ def test_envs_check_a_user_module_registered_env(tmp_path, monkeypatch) -> None:
         "from agentrl.env import Env, register_env\n"
         "from agentrl.types import user\n"
         "class Bad(Env):\n"
-        "    def reset(self, *, seed=None, options=None):\n"
-        "        super().reset(seed=seed)\n"
+        "    async def areset(self, *, seed=None, options=None):\n"
+        "        await super().areset(seed=seed)\n"
         "        return 'not a list of messages', {}\n"
-        "    def step(self, action):\n"
+        "    async def astep(self, action):\n"
         "        return [], 1.0, True, False, {}\n"
         "register_env('mine/Bad-v0', entry_point='my_envs:Bad')\n"
     )

@@ -24,11 +24,11 @@ class PluginEnv(Env):
     def __init__(self, greeting: str = "hi") -> None:
         self.greeting = greeting
 
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
+    async def areset(self, *, seed=None, options=None):
+        await super().areset(seed=seed)
         return [Message(role="user", content=self.greeting)], {}
 
-    def step(self, action):
+    async def astep(self, action):
         return [], 1.0, True, False, {}
 """
 

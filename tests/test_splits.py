@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agentrl.chat import ChatTemplate
-from agentrl.env import ENVS, Env, make_env
+from agentrl.env import ENVS, Env, StepResult, make_env
 from agentrl.errors import ConfigError, EnvError
 from agentrl.rollout.collector import CollectorConfig, RolloutCollector
 from agentrl.rollout.testing import ScriptedGenerator
@@ -117,11 +117,13 @@ def replace_split(sample: Sample) -> Sample:
 class _OnePrompt(Env):
     """Hidden state behind a fixed prompt and no task_key: the split cannot see the tasks."""
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # type: ignore[no-untyped-def,override]
-        super().reset(seed=seed)
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        await super().areset(seed=seed)
         return [user("Guess.")], {}
 
-    def step(self, action: Message):  # type: ignore[no-untyped-def,override]
+    async def astep(self, action: Message) -> StepResult:
         return [], 0.0, True, False, {}
 
 

@@ -80,11 +80,11 @@ def test_a_non_finite_env_reward_is_an_env_error_not_a_number() -> None:
     from agentrl.types import Message, user
 
     class NaNReward(Env):
-        def reset(self, *, seed=None, options=None):  # type: ignore[no-untyped-def,override]
-            super().reset(seed=seed)
+        async def areset(self, *, seed=None, options=None):  # type: ignore[no-untyped-def]
+            await super().areset(seed=seed)
             return [user("hi")], {}
 
-        def step(self, action):  # type: ignore[no-untyped-def,override]
+        async def astep(self, action):  # type: ignore[no-untyped-def]
             return [], float("nan"), True, False, {}
 
     template = ChatTemplate(build_tokenizer())
