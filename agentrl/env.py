@@ -76,12 +76,14 @@ class Env(gym.Env[Observation, Message], metaclass=ABCMeta):
     An env whose methods are plain functions subclasses ``SyncEnv`` instead; a Gymnasium env
     with text observations runs through ``GymTextEnv``.
 
-    Attributes:
-      ``nondeterministic``: the same seed may not give the same episode (browsers, sandboxes);
-      the checker skips its determinism checks.
-      ``tools``: a ``ToolSet`` of tools the model may call in this env (shown to the model
+    What an env declares or carries:
+
+    - ``nondeterministic``: the same seed may not give the same episode (browsers,
+      sandboxes); the checker skips its determinism checks.
+    - ``tools``: a ``ToolSet`` of tools the model may call in this env (shown to the model
       through the chat template), or None.
-      ``spec``: the Gymnasium ``EnvSpec`` that ``make_env`` attached (None when built directly).
+    - ``spec``: the Gymnasium ``EnvSpec`` that ``make_env`` attached (None when built
+      directly).
 
     ``observation_space`` / ``action_space`` default to ``MessagesSpace`` (the action space
     samples calls to ``tools``); assign your own in ``__init__`` to narrow them.
