@@ -1,4 +1,5 @@
-"""The examples in docs/guides/register-an-env.md run as written."""
+"""The examples in docs/guides/register-an-env.md and the env section of docs/concepts.md run
+as written."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def test_register_an_env_guide_examples_run() -> None:
     try:
         docblocks.exec_blocks(blocks, namespace)
     finally:
-        ENVS.unregister("demo/Reverse-v0")
+        for env_id in ("demo/Reverse-v0", "demo/Reverse-v1", "demo/EchoGame-v0"):
+            ENVS.unregister(env_id)
 
 
 def test_register_an_env_guide_commands_run(tmp_path: Path) -> None:
@@ -26,3 +28,9 @@ def test_register_an_env_guide_commands_run(tmp_path: Path) -> None:
     done = docblocks.run_bash(commands, cwd=tmp_path)
     assert "demo/Reverse-v0" in done.stdout
     assert done.stdout.count("passed") >= 2, done.stdout
+
+
+def test_concepts_env_example_runs() -> None:
+    blocks = docblocks.runnable("docs/concepts.md", "python")
+    assert len(blocks) == 1
+    docblocks.exec_blocks(blocks, {"__name__": "concepts"})
