@@ -20,12 +20,10 @@ Envs are ``gymnasium.Env`` subclasses with ``MessagesSpace`` observation/action 
 tool calls, ``astep`` runs them with ``await self.acall_tools(action)`` and returns the tool
 messages as the observation; a final text answer ends the episode with the reward.
 
-Registration: ``register_env("ns/Name-vN", "pkg.mod:Cls", **defaults)``; ids, versions and the
-registry live in ``agentrl/env_spec.py``. ``make_env`` attaches a Gymnasium ``EnvSpec`` (id,
-entry point, ``max_episode_steps``, kwargs) to the env as ``env.spec`` and, when the id was
-registered with ``max_episode_steps``, wraps it in ``MaxTurns`` (as ``gymnasium.make`` applies
-``TimeLimit``). ``EnvWrapper`` and ``MaxTurns`` live here for that reason; ``TimeLimit`` and the
-wrappers' documentation are in ``agentrl/wrappers.py``.
+``register_env("ns/Name-vN", "pkg.mod:Cls", **defaults)``; ``make_env`` attaches the env's
+Gymnasium ``EnvSpec`` as ``env.spec`` (ids, versions, specs: ``agentrl/env_spec.py``) and applies
+``MaxTurns`` for ``max_episode_steps``, which is why ``EnvWrapper`` and ``MaxTurns`` live here
+(``TimeLimit`` is in ``agentrl/wrappers.py``).
 
 Deprecated, removed in agentrl 0.3: a class that subclasses ``Env`` directly and overrides
 ``reset``/``step`` (the old way to write a sync env) is adopted as a ``SyncEnv`` when it is
@@ -42,7 +40,7 @@ from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.envs.registration import EnvSpec
+from gymnasium.envs.registration import EnvSpec  # what make_env attaches as env.spec
 
 from agentrl.env_spec import EnvRegistry
 from agentrl.errors import ConfigError
@@ -501,29 +499,10 @@ def make_env(id: str, **kwargs: Any) -> Env:
     of its name that exist (``arith/Calculator-v1 does not exist; available versions: v0``).
     """
     env = ENVS.make(id, **kwargs)
-    entry = ENVS.spec(id)
     if not isinstance(env, Env):
-        plain = isinstance(env, gym.Env)
-        raise ConfigError(
-            f"env {id!r}: {entry.entry_point_str} made a {type(env).__name__}, not an agentrl "
-            "Env; "
-            + (
-                "register a plain gymnasium.Env through the adapter: "
-                f"register_env({id!r}, GymTextEnv, env={type(env).__name__}, instructions=...)"
-                if plain
-                else "the entry point must return an agentrl.env.Env"
-            )
-        )
-    steps = ENVS.max_episode_steps(id)
-    env.spec = EnvSpec(
-        id=id,
-        entry_point=entry.entry_point_str,
-        nondeterministic=env.nondeterministic,
-        max_episode_steps=steps,
-        order_enforce=False,  # agentrl's make applies none of gymnasium.make's wrappers
-        disable_env_checker=True,
-        kwargs={**entry.kwargs, **kwargs},
-    )
+        raise ENVS.not_an_env(id, env, adapter="GymTextEnv")
+    env.spec = ENVS.env_spec(id, kwargs, nondeterministic=env.nondeterministic)
+    steps = env.spec.max_episode_steps
     return env if steps is None else MaxTurns(env, steps)
 
 

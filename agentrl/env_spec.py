@@ -7,9 +7,10 @@
 ``EnvRegistry`` is the ``Registry`` behind ``register_env``/``make_env`` (agentrl/env.py). It
 refuses a malformed id when it is registered (``ConfigError`` naming the expected form), keeps
 each id's ``max_episode_steps``, and turns a miss into an ``UnknownEnvError`` that says which
-versions of the name exist, or what an id must look like. ``make_env`` then attaches a
-Gymnasium ``EnvSpec`` (id, entry point, max steps, kwargs) to the env as ``env.spec``, as
-``gymnasium.make`` does; this module holds no env code, so it imports nothing from ``env.py``.
+versions of the name exist, or what an id must look like. ``EnvRegistry.env_spec`` builds the
+Gymnasium ``EnvSpec`` (id, entry point, max steps, kwargs) that ``make_env`` attaches to the
+env as ``env.spec``, as ``gymnasium.make`` does. This module holds no env code, so it imports
+nothing from ``env.py``.
 
 Ids are stricter than Gymnasium's (which allows ``Name`` and ``Name-vN`` alone): every env id
 has a namespace and a version, so a new version of an env never silently replaces the old one.
@@ -20,6 +21,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TypeVar
+
+import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
 
 from agentrl.errors import ConfigError, DuplicateIdError, UnknownEnvError, UnknownIdError
 from agentrl.registry import Registry, Spec
@@ -70,18 +74,16 @@ def unknown_env_error(env_id: str, known: Iterable[str], hint: str = "") -> Unkn
     """The error for an id that is not registered: versions of its name if any exist, the
     expected form if it is malformed, else "did you mean" by spelling."""
     known = sorted(known)
+    malformed = ""
     try:
-        base = parse_env_id(env_id).base
-    except ConfigError as e:
+        base, what = parse_env_id(env_id).base, f"{env_id} does not exist"
+    except ConfigError as e:  # maybe a known name without its version
         base = env_id.rstrip("-") if isinstance(env_id, str) else ""
-        if not _versions(known, base):  # not even a known name without its version
-            return UnknownEnvError("env", env_id, known, hint, reason=f"{e}.")
         what = f"env id {env_id!r} has no version (env ids look like 'namespace/Name-vN')"
-    else:
-        what = f"{env_id} does not exist"
+        malformed = f"{e}."
     versions = _versions(known, base)
-    if not versions:
-        return UnknownEnvError("env", env_id, known, hint)
+    if not versions:  # spelling-based "did you mean", after the form if the id is malformed
+        return UnknownEnvError("env", env_id, known, hint, reason=malformed)
     listed = ", ".join(f"v{v}" for v in versions)
     newest_first = [f"{base}-v{v}" for v in reversed(versions)]
     return UnknownEnvError(
@@ -136,6 +138,33 @@ class EnvRegistry(Registry[T]):
             )
         super().register(id, entry_point, description=description, override=override, **kwargs)
         self._max_steps[id] = max_episode_steps
+
+    def env_spec(
+        self, id: str, kwargs: dict[str, Any], *, nondeterministic: bool = False
+    ) -> EnvSpec:
+        """The spec ``make_env`` attaches to an env built from ``id`` with ``kwargs``."""
+        entry = self.spec(id)
+        return EnvSpec(
+            id=id,
+            entry_point=entry.entry_point_str,
+            nondeterministic=nondeterministic,
+            max_episode_steps=self._max_steps.get(id),
+            order_enforce=False,  # agentrl's make applies none of gymnasium.make's wrappers
+            disable_env_checker=True,
+            kwargs={**entry.kwargs, **kwargs},
+        )
+
+    def not_an_env(self, id: str, made: object, *, adapter: str) -> ConfigError:
+        """The error for an entry point that built something other than an agentrl env."""
+        what = type(made).__name__
+        fix = (
+            f"register a plain gymnasium.Env through the adapter: register_env({id!r}, "
+            f"{adapter}, env={what}, instructions=...)"
+            if isinstance(made, gym.Env)
+            else "the entry point must return an agentrl.env.Env"
+        )
+        entry = self.spec(id).entry_point_str
+        return ConfigError(f"env {id!r}: {entry} made a {what}, not an agentrl Env; {fix}")
 
     def max_episode_steps(self, id: str) -> int | None:
         """The step limit ``id`` was registered with (None: the env's own ending only)."""
