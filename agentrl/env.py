@@ -240,8 +240,8 @@ class SyncEnv(Env, _adapter=True):
 
     The price: while ``step`` runs, every other rollout on the loop waits, and ``TimeLimit``
     cannot interrupt it. An env that blocks (network, subprocesses, long computations) should
-    be an async ``Env``, or offload the blocking part itself with ``await
-    asyncio.to_thread(...)`` inside ``astep``.
+    be an async ``Env``, whose ``astep`` can ``await asyncio.to_thread(...)`` the blocking
+    part.
     """
 
     @abstractmethod
