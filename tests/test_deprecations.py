@@ -14,6 +14,7 @@ import pytest
         ("agentrl.http_guard", "HttpGuard", "agentrl.http"),
         ("agentrl.toolserver.http", "ServerThread", "agentrl.http"),
         ("agentrl.toolserver.http", "ApiClient", "agentrl.http"),
+        ("agentrl.inference.engine", "RequestParams", "agentrl.inference.runner"),
     ],
 )
 def test_moved_http_modules_warn_and_resolve(old: str, name: str, new: str) -> None:
@@ -33,3 +34,13 @@ def test_pool_from_the_sandbox_module_warns_and_resolves(name: str) -> None:
     assert got is getattr(pool, name)
     with pytest.raises(AttributeError):
         _ = sandbox.NoSuchThing  # type: ignore[attr-defined]
+
+
+def test_the_inference_engine_is_the_model_runner() -> None:
+    sys.modules.pop("agentrl.inference.engine", None)
+    with pytest.warns(DeprecationWarning, match="ModelRunner"):
+        old = importlib.import_module("agentrl.inference.engine")
+    from agentrl.inference import runner
+
+    assert old.Engine is runner.ModelRunner
+    assert (old.EngineRequest, old.EngineResult) == (runner.RunnerRequest, runner.RunnerResult)

@@ -34,6 +34,7 @@ from agentrl.algos.losses import PolicyLossConfig
 from agentrl.config import load_config
 from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError
+from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
 from agentrl.inference.supervisor import ServerSupervisor
 from agentrl.logging import MetricsLogger
 from agentrl.registry import import_modules, load_entry_point
@@ -269,7 +270,7 @@ class InferenceConfig:
     policy engine's device. vLLM/SGLang servers on cuda:N see only GPU N."""
     restart: ServerSupervisor.Config = field(default_factory=ServerSupervisor.Config)
     """Restart a dead server on its port and route to it again once it has the current weights."""
-    max_batch_size: int = 64
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     """Requests a server decodes together."""
     num_threads: int = 0
     """torch threads per server (0: one less than the CPU count on CPU, 2 on CUDA; embedded only)."""

@@ -20,7 +20,7 @@ import torch
 from agentrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agentrl.inference.engine import EngineRequest
+    from agentrl.inference.runner import RunnerRequest
 
 
 def prefill_inputs(
@@ -49,7 +49,7 @@ def _left_pad(x: torch.Tensor, n: int) -> torch.Tensor:
 
 @dataclass(eq=False, kw_only=True)
 class BatchState:
-    reqs: list[EngineRequest]  # [B]
+    reqs: list[RunnerRequest]  # [B]
     cache: Any  # transformers DynamicCache; layers hold keys/values (B, H, T, D)
     mask: torch.Tensor  # (B, T) long, 1 on real tokens
     next_pos: torch.Tensor  # (B,) position of each row's pending token

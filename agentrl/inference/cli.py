@@ -22,6 +22,7 @@ from typing import Annotated
 import typer
 
 from agentrl.errors import ConfigError
+from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
 
 BACKENDS = ("embedded", "sglang", "vllm")
 
@@ -31,7 +32,9 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port.")] = 30000,
     host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
-    max_batch_size: Annotated[int, typer.Option(help="Most requests decoded together.")] = 64,
+    max_batch_size: Annotated[
+        int, typer.Option(help="Most requests decoded together.")
+    ] = DEFAULT_MAX_BATCH_SIZE,
     seed: Annotated[int, typer.Option(help="Seed for requests without their own seed.")] = 0,
     backend: Annotated[str, typer.Option(help="embedded | sglang | vllm.")] = "embedded",
     device: Annotated[str, typer.Option(help="torch device for the embedded backend.")] = "cpu",

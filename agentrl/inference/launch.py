@@ -27,6 +27,7 @@ from types import TracebackType
 import httpx2
 
 from agentrl.errors import InferenceError
+from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class ServerProcess:
         port: int = 0
         """0 picks a free port."""
         dtype: str = "float32"
-        max_batch_size: int = 64
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
         seed: int = 0
         num_threads: int = 0
         startup_timeout_s: float = 120.0

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import ConfigError
 from agentrl.http import json_response, parse_body
-from agentrl.inference.engine import EngineResult
 from agentrl.inference.responses import error_response
+from agentrl.inference.runner import RunnerResult
 from agentrl.inference.wire import WireSamplingParams
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
 def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     tok = state.tokenizer
 
-    async def run_n(req: _Common, ids: list[int], max_tokens: int, top: int) -> list[EngineResult]:
+    async def run_n(req: _Common, ids: list[int], max_tokens: int, top: int) -> list[RunnerResult]:
         if req.stream:
             raise ConfigError(
                 "stream=true is not supported by the embedded server; send stream=false."
@@ -113,14 +113,14 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             raise RuntimeError(failed)
         return list(results)
 
-    def text_of(res: EngineResult, skip_special: bool) -> tuple[str, str]:
+    def text_of(res: RunnerResult, skip_special: bool) -> tuple[str, str]:
         text = str(tok.decode(res.output_ids, skip_special_tokens=skip_special))
         matched = res.finish_reason.get("matched")
         if isinstance(matched, str) and matched in text:
             text = text[: text.index(matched)]
         return text, str(res.finish_reason["type"])
 
-    def usage(prompt: int, results: list[EngineResult]) -> dict[str, int]:
+    def usage(prompt: int, results: list[RunnerResult]) -> dict[str, int]:
         done = sum(len(r.output_ids) for r in results)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
@@ -204,7 +204,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
 
 def _chat_choice(
-    i: int, res: EngineResult, text: str, reason: str, req: ChatRequest, ids: list[int], tok: Any
+    i: int, res: RunnerResult, text: str, reason: str, req: ChatRequest, ids: list[int], tok: Any
 ) -> dict[str, Any]:
     content, calls = parse_tool_calls(text) if req.tools else (text, [])
     message: dict[str, Any] = {"role": "assistant", "content": content}

@@ -15,6 +15,10 @@ from typing import Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
 
+DEFAULT_MAX_BATCH_SIZE = 64
+"""Most requests a server decodes together unless told otherwise: ``inference.max_batch_size``,
+``agentrl serve --max-batch-size``, vLLM's ``--max-num-seqs`` (the one place this default lives)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SamplingParams:

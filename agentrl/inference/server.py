@@ -1,7 +1,7 @@
-"""The embedded inference server: FastAPI + uvicorn in front of the batching Engine.
+"""The embedded inference server: FastAPI + uvicorn in front of the batching ModelRunner.
 
-    POST /generate (SGLang JSON) -> GenerateRequest -> EngineRequest -> engine thread (batched)
-        -> EngineResult -> generate_response() dict -> JSON
+    POST /generate (SGLang JSON) -> GenerateRequest -> RunnerRequest -> engine thread (batched)
+        -> RunnerResult -> generate_response() dict -> JSON
 
 Run it as a real process (it binds 127.0.0.1 unless told otherwise):
 
@@ -40,8 +40,9 @@ from fastapi import FastAPI, Request, Response
 
 from agentrl.errors import ConfigError
 from agentrl.http import HttpGuard, is_loopback, json_response, parse_body
-from agentrl.inference.engine import Engine, EngineRequest, EngineResult, RequestParams
+from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
 from agentrl.inference.responses import error_response
+from agentrl.inference.runner import ModelRunner, RequestParams, RunnerRequest, RunnerResult
 from agentrl.inference.wire import (
     GenerateRequest,
     WireSamplingParams,
@@ -79,20 +80,20 @@ class Job:
 class ServerState:
     """What every handler shares: the engine, its tokenizer and the served model's name."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: ModelRunner, model_name: str) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
 
-    async def run(self, rid: str, input_ids: list[int], params: RequestParams) -> EngineResult:
+    async def run(self, rid: str, input_ids: list[int], params: RequestParams) -> RunnerResult:
         """Submit one request to the engine and wait; abort it if the caller goes away."""
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[EngineResult] = loop.create_future()
+        fut: asyncio.Future[RunnerResult] = loop.create_future()
 
-        def done(result: EngineResult) -> None:
+        def done(result: RunnerResult) -> None:
             loop.call_soon_threadsafe(_resolve, fut, result)
 
-        self.engine.submit(EngineRequest(rid=rid, input_ids=input_ids, params=params, on_done=done))
+        self.engine.submit(RunnerRequest(rid=rid, input_ids=input_ids, params=params, on_done=done))
         try:
             return await fut
         except asyncio.CancelledError:
@@ -171,7 +172,7 @@ class ServerState:
                             no_stop_trim=sp.no_stop_trim))  # fmt: skip
         return jobs, single
 
-    def respond(self, job: Job, res: EngineResult, latency: float) -> dict[str, object]:
+    def respond(self, job: Job, res: RunnerResult, latency: float) -> dict[str, object]:
         text = str(
             self.tokenizer.decode(res.output_ids, skip_special_tokens=job.skip_special_tokens)
         )
@@ -186,7 +187,7 @@ class ServerState:
                                  top_logprobs=res.top_logprobs if job.return_logprob else None)  # fmt: skip
 
 
-def _resolve(fut: asyncio.Future[EngineResult], result: EngineResult) -> None:
+def _resolve(fut: asyncio.Future[RunnerResult], result: RunnerResult) -> None:
     if not fut.done():
         fut.set_result(result)
 
@@ -199,7 +200,9 @@ def _per_item(value: Any, n: int, name: str) -> list[Any]:
     return value
 
 
-def build_app(engine: Engine, model_name: str, guard: HttpGuard.Config | None = None) -> FastAPI:
+def build_app(
+    engine: ModelRunner, model_name: str, guard: HttpGuard.Config | None = None
+) -> FastAPI:
     """The FastAPI app serving ``engine`` (which must already be started), behind ``guard``
     (default: ``guard_config()``, no token)."""
     from agentrl.inference.openai_api import add_openai_routes
@@ -261,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE)
     p.add_argument("--max-prefill-tokens", type=int, default=16384)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=0)
@@ -298,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
                        "and replace the weights", a.host)  # fmt: skip
     guard = guard_config(a.api_key, max_body_bytes=int(a.max_body_mb * (1 << 20)),
                          max_weight_body_bytes=int(a.max_weight_body_mb * (1 << 20)))  # fmt: skip
-    engine = Engine(Engine.Config(model=a.model, dtype=a.dtype, device=a.device,
+    engine = ModelRunner(ModelRunner.Config(model=a.model, dtype=a.dtype, device=a.device,
                                   max_batch_size=a.max_batch_size,
                                   max_prefill_tokens=a.max_prefill_tokens, seed=a.seed,
                                   num_threads=a.num_threads))  # fmt: skip

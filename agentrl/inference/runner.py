@@ -1,0 +1,428 @@
+"""The batching model runner behind the embedded server: continuous batching over a KV cache.
+
+    HTTP handlers --submit()/abort()/call()--> inbox (thread-safe) --> engine thread:
+        loop: drain inbox -> admit waiting requests (one batched, left-padded prefill)
+              -> merge their KV rows into the running batch -> one decode step for every row
+              -> finished rows leave the batch -> on_done(result) back to the event loop
+
+Why this design: a transformers model on CPU is dominated by per-forward overhead, so the
+number of forwards per generated token is what matters. Every running request advances one
+token per decode step (B rows, one forward), and requests that arrive while a step runs are
+prefilled together at the next step boundary and join the batch (continuous batching at the
+decode-step level). Rows are left-padded: the attention mask hides padding, ``position_ids``
+count real tokens only, so a row's logits do not depend on its neighbours (verified against a
+teacher-forced forward pass to ~1e-6 in fp32). The KV cache is one ``DynamicCache`` whose
+per-layer tensors are merged (left-padded to a common length) when rows join, indexed when rows
+leave, and trimmed when the longest row leaves. The model runs in one dedicated thread, so the
+asyncio event loop that serves HTTP never blocks on a forward pass.
+
+Everything that touches the model (weight updates, checksums) runs in that thread between
+steps through ``call()``, so an update never lands in the middle of a forward pass. Tokens
+generated after an update are tagged with the new version (``output_versions``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import itertools
+import logging
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import torch
+
+from agentrl.errors import ConfigError
+from agentrl.inference.batch_state import BatchState, prefill_inputs
+from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
+from agentrl.inference.sampling import RowSampling, sample_rows
+from agentrl.inference.wire import finish_reason_dict
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RequestParams:
+    """What the engine needs to run one request (already validated by the server)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunnerResult:
+    rid: str
+    output_ids: list[int]  # [C]
+    output_logprobs: list[float]  # [C]
+    finish_reason: dict[str, object]  # SGLang finish_reason JSON
+    weight_version: int
+    output_versions: list[int] | None  # [C]; None when one version made every token
+    prompt_tokens: int
+    top_logprobs: list[list[tuple[float, int]]] | None = None
+    error: str | None = None  # set when the engine failed (the server answers 500)
+
+
+@dataclass(eq=False, kw_only=True)
+class RunnerRequest:
+    """One request and its progress. Mutated only by the engine thread."""
+
+    rid: str
+    input_ids: list[int]  # [P]
+    params: RequestParams
+    on_done: Callable[[RunnerResult], None]
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[float, int]]] = field(default_factory=list)
+    version_marks: list[tuple[int, int]] = field(default_factory=list)  # (n_tokens, version)
+    start_version: int = 0
+    row: RowSampling | None = None
+
+
+class ModelRunner:
+    """Loads an HF causal LM and serves ``RunnerRequest``s from its own thread."""
+
+    @dataclass(kw_only=True)
+    class Config:
+        model: str
+        """Local Hugging Face model directory."""
+        dtype: str = "float32"
+        device: str = "cpu"
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+        """Most rows decoded together."""
+        max_prefill_tokens: int = 16384
+        """Most padded tokens in one prefill forward (at least one request is always admitted)."""
+        seed: int = 0
+        """Seeds requests that do not carry their own seed."""
+        num_threads: int = 0
+        """torch intra-op threads; 0 = one less than the CPU count (at least 1) on CPU, so the
+        HTTP thread keeps a core (OpenMP workers spin between ops and would starve it), and 2 on
+        CUDA, where the host runs only small sampling ops."""
+
+    def __init__(self, cfg: ModelRunner.Config) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        if cfg.max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {cfg.max_batch_size}.")
+        dtype = getattr(torch, cfg.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ConfigError(f"dtype {cfg.dtype!r} is not a torch dtype; try float32 or bfloat16.")
+        torch.set_num_threads(cfg.num_threads or _default_threads(cfg.device))
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(cfg.model)
+        model: Any = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+        self.model: Any = model.to(cfg.device).eval()
+        self.dtype = dtype
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
+        BatchState.check_supported(self.model)
+        self._cache_kw = _cache_keyword(self.model)
+        self.weight_version = 0
+        self.paused = False
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("prefill_forwards", "decode_steps", "batched_forwards", "max_batch_seen",
+             "requests_finished", "tokens_generated"), 0)  # fmt: skip
+        self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._waiting: deque[RunnerRequest] = deque()
+        self._batch: BatchState | None = None
+        self._by_rid: dict[str, RunnerRequest] = {}
+        self._seeds = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    # ---- API (any thread) ---------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="agentrl-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def submit(self, req: RunnerRequest) -> None:
+        self._inbox.put(lambda: self._admit_request(req))
+
+    def abort(
+        self, rid: str | None, message: str = "aborted by request"
+    ) -> concurrent.futures.Future[int]:
+        """Abort one request (by rid) or, with ``None``, every waiting and running request.
+        The future gives how many were aborted."""
+        return self.call(lambda: self._abort(rid, message))
+
+    def pause(
+        self, mode: Literal["abort", "in_place", "retract"] = "abort"
+    ) -> concurrent.futures.Future[int]:
+        """Stop stepping. ``abort`` also finishes every request with finish_reason abort;
+        ``in_place`` and ``retract`` keep them (and their KV) to continue on resume."""
+
+        def run() -> int:
+            self.paused = True
+            return self._abort(None, "aborted by pause_generation") if mode == "abort" else 0
+
+        return self.call(run)
+
+    def resume(self) -> concurrent.futures.Future[None]:
+        def run() -> None:
+            self.paused = False
+
+        return self.call(run)
+
+    def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run ``fn`` in the engine thread between steps (works while paused)."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # delivered to the caller, never kills the loop
+                fut.set_exception(exc)
+
+        self._inbox.put(run)
+        return fut
+
+    def info(self) -> dict[str, Any]:
+        batch = self._batch  # read once: the engine thread may replace it meanwhile
+        running = batch.size if batch is not None else 0
+        return {**self.stats, "running": running, "waiting": len(self._waiting),
+                "paused": self.paused, "weight_version": self.weight_version}  # fmt: skip
+
+    # ---- engine thread only (inside call()) ---------------------------------------------
+    def abort_in_thread(self, rid: str | None, message: str) -> int:
+        """``abort`` for code already running in the engine thread (e.g. a weight update)."""
+        return self._abort(rid, message)
+
+    def set_weight_version(self, version: int | None) -> int:
+        """Bump (``None``) or set the version; in-flight requests record the boundary."""
+        self.weight_version = self.weight_version + 1 if version is None else int(version)
+        for req in self._running():
+            req.version_marks.append((len(req.output_ids), self.weight_version))
+        return self.weight_version
+
+    # ---- engine thread ------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            idle = self.paused or (not self._waiting and self._batch is None)
+            if not self._drain(block=idle):
+                break
+            if self.paused:
+                continue
+            try:
+                if self._waiting and self._room() > 0:
+                    self._prefill()
+                if self._batch is not None:
+                    self._decode()
+            except Exception as exc:  # a failed forward must not take the server down
+                logger.exception("engine step failed")
+                self._fail_all(f"{type(exc).__name__}: {exc}")
+
+    def _drain(self, block: bool) -> bool:
+        """Run queued commands; False once shutdown was requested."""
+        try:
+            cmd = self._inbox.get() if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if cmd is None:
+                self._fail_all("server shutting down")
+                return False
+            cmd()
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _running(self) -> list[RunnerRequest]:
+        return list(self._batch.reqs) if self._batch is not None else []
+
+    def _room(self) -> int:
+        return self.cfg.max_batch_size - (self._batch.size if self._batch is not None else 0)
+
+    def _admit_request(self, req: RunnerRequest) -> None:
+        if req.rid in self._by_rid:
+            req.on_done(
+                self._result(
+                    req,
+                    finish_reason_dict("abort", message=f"duplicate rid {req.rid!r}"),
+                    error=None,
+                )
+            )
+            return
+        p = req.params
+        if p.max_new_tokens == 0:
+            req.on_done(self._result(req, finish_reason_dict("length", length=0)))
+            return
+        gen = None
+        if p.temperature > 0.0:
+            seed = p.seed if p.seed is not None else (self.cfg.seed << 32) + next(self._seeds)
+            gen = torch.Generator().manual_seed(seed)
+        req.row = RowSampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                              top_logprobs=p.top_logprobs, generator=gen)  # fmt: skip
+        self._by_rid[req.rid] = req
+        self._waiting.append(req)
+
+    def _take_waiting(self) -> list[RunnerRequest]:
+        room, longest = self._room(), 0
+        taken: list[RunnerRequest] = []
+        while self._waiting and len(taken) < room:
+            n = len(self._waiting[0].input_ids)
+            if taken and max(longest, n) * (len(taken) + 1) > self.cfg.max_prefill_tokens:
+                break
+            longest = max(longest, n)
+            taken.append(self._waiting.popleft())
+        return taken
+
+    @torch.inference_mode()
+    def _prefill(self) -> None:
+        reqs = self._take_waiting()
+        for r in reqs:
+            r.start_version = self.weight_version  # the version that makes its first token
+        ids, mask, pos = prefill_inputs([r.input_ids for r in reqs], self.pad_id, self.cfg.device)
+        cache = BatchState.new_cache(self.model)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})  # fmt: skip
+        self._count_forward(len(reqs), "prefill_forwards")
+        batch = BatchState(reqs=reqs, cache=cache, mask=mask, next_pos=mask.sum(-1),
+                           last_tokens=ids.new_zeros(len(reqs)))  # fmt: skip
+        fresh = self._advance(batch, out.logits[:, -1])
+        if fresh is not None:
+            self._batch = fresh if self._batch is None else self._batch.merge(fresh)
+
+    @torch.inference_mode()
+    def _decode(self) -> None:
+        batch = self._batch
+        assert batch is not None
+        ids, mask, pos = batch.decode_inputs()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                         use_cache=True, **{self._cache_kw: batch.cache})  # fmt: skip
+        batch.mask = mask
+        batch.next_pos = batch.next_pos + 1
+        self._count_forward(batch.size, "decode_steps")
+        self._batch = self._advance(batch, out.logits[:, -1])
+
+    def _advance(self, batch: BatchState, logits: torch.Tensor) -> BatchState | None:
+        """Sample one token per row, finish rows that are done, return the rows that go on."""
+        rows = [r.row for r in batch.reqs]
+        sampled = sample_rows(logits, rows)  # type: ignore[arg-type]
+        keep: list[int] = []
+        for i, req in enumerate(batch.reqs):
+            tok = sampled.tokens[i]
+            req.output_ids.append(tok)
+            req.logprobs.append(sampled.logprobs[i])
+            if sampled.top[i] is not None:
+                req.top.append(sampled.top[i])  # type: ignore[arg-type]
+            reason = self._finish_reason(req, tok)
+            if reason is None:
+                keep.append(i)
+            else:
+                self._finish(req, reason)
+        self.stats["tokens_generated"] += batch.size
+        batch.last_tokens = torch.tensor(sampled.tokens, dtype=torch.long, device=logits.device)
+        if not keep:
+            return None
+        return batch if len(keep) == batch.size else batch.select(keep)
+
+    def _finish_reason(self, req: RunnerRequest, tok: int) -> dict[str, object] | None:
+        p = req.params
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+            return finish_reason_dict("stop", matched=tok)
+        n = len(req.output_ids)
+        if n >= p.max_new_tokens:
+            return finish_reason_dict("length", length=p.max_new_tokens)
+        if p.stop_strings:
+            width = max(len(s) for s in p.stop_strings) + 2
+            tail = self.tokenizer.decode(req.output_ids[-width:], skip_special_tokens=False)
+            for s in p.stop_strings:
+                if s in tail:
+                    return finish_reason_dict("stop", matched=s)
+        if len(req.input_ids) + n >= self.max_context:
+            return finish_reason_dict("length", length=n)
+        return None
+
+    def _count_forward(self, size: int, key: str) -> None:
+        self.stats[key] += 1
+        if size > 1:
+            self.stats["batched_forwards"] += 1
+        self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], size)
+
+    def _result(
+        self, req: RunnerRequest, reason: dict[str, object], error: str | None = None
+    ) -> RunnerResult:
+        versions = None
+        if req.version_marks:
+            versions, v, marks = [], req.start_version, iter(req.version_marks)
+            mark = next(marks, None)
+            for i in range(len(req.output_ids)):
+                while mark is not None and mark[0] <= i:
+                    v, mark = mark[1], next(marks, None)
+                versions.append(v)
+        return RunnerResult(rid=req.rid, output_ids=req.output_ids, output_logprobs=req.logprobs,
+                            finish_reason=reason, weight_version=self.weight_version,
+                            output_versions=versions, prompt_tokens=len(req.input_ids),
+                            top_logprobs=req.top if req.params.top_logprobs else None,
+                            error=error)  # fmt: skip
+
+    def _finish(
+        self, req: RunnerRequest, reason: dict[str, object], error: str | None = None
+    ) -> None:
+        self._by_rid.pop(req.rid, None)
+        self.stats["requests_finished"] += 1
+        try:
+            req.on_done(self._result(req, reason, error))
+        except Exception:
+            logger.exception("on_done callback failed for %s", req.rid)
+
+    def _abort(self, rid: str | None, message: str, error: str | None = None) -> int:
+        doomed = [r for r in self._by_rid.values() if rid is None or r.rid == rid]
+        if not doomed:
+            return 0
+        ids = {id(r) for r in doomed}
+        self._waiting = deque(r for r in self._waiting if id(r) not in ids)
+        if self._batch is not None:
+            keep = [i for i, r in enumerate(self._batch.reqs) if id(r) not in ids]
+            self._batch = self._batch.select(keep) if keep else None
+        for req in doomed:
+            self._finish(req, finish_reason_dict("abort", message=message), error)
+        return len(doomed)
+
+    def _fail_all(self, message: str) -> None:
+        self._abort(None, message, error=message)
+
+
+def _default_threads(device: str) -> int:
+    if device.startswith("cuda"):
+        return 2
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+def _cache_keyword(model: Any) -> str:
+    """The forward argument that takes the KV cache: ``cache`` (recent transformers, e.g. 5.24)
+    or ``past_key_values`` (older ones, e.g. 5.17). A wrong name is swallowed by ``**kwargs`` and the model
+    silently builds a cache of its own, so look it up instead of guessing."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model.generation_config, "eos_token_id", None),
+                   model.config.eos_token_id, tokenizer.eos_token_id):  # fmt: skip
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list | tuple):
+            ids.update(int(x) for x in source)
+    return frozenset(ids)
