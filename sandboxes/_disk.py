@@ -1,6 +1,7 @@
 """A size-capped filesystem for a sandbox's writable space (workspace and tmp).
 
     cap = await make_home(home, disk_mb=4096)   # home/ is an ext4 of 4 GiB; cap == 4096
+    prepare_spare(cap)                          # once the sandbox is up: the next one's
     await remove_home(home)                     # unmount, delete the image and the directory
 
 ``{home}.img`` is a sparse ext4 image (it takes the space written, at most ``disk_mb``)
@@ -11,9 +12,9 @@ ext4's metadata) and then gets ENOSPC; its inode count caps the number of files 
 
 How one is made, without a subprocess: the first of a size formats a template image
 (``mkfs.ext4``, then ``debugfs`` drops ``lost+found``; ~35 ms), kept for every process of the
-machine in ``{tempdir}/agentrl-disk-templates/`` (root-only). A background thread keeps a
-*spare* ready per size: the template's ~1 MiB of metadata copied (holes stay holes), the copy
-attached to a free loop device with one ioctl (``LOOP_CONFIGURE``, autoclear: the device
+machine in ``{tempdir}/agentrl-disk-templates/`` (root-only). Once a sandbox is up, its
+backend asks for the next one (``prepare_spare``) and a background thread makes a *spare*:
+the template's ~1 MiB of metadata copied (holes stay holes), the copy attached to a free loop device with one ioctl (``LOOP_CONFIGURE``, autoclear: the device
 frees itself once nothing uses it), mounted *detached* with the new mount API (fsopen,
 fsconfig, fsmount: a mount attached nowhere, held by a descriptor, gone with it even if the
 process is killed) and warmed (one mkdir), so that the kernel's waits on the loop device's
@@ -233,7 +234,6 @@ def _finish(home: Path, disk_mb: int) -> None:
     home.chmod(0o755)
     with contextlib.suppress(OSError):  # the template has none, unless debugfs was missing
         (home / "lost+found").rmdir()
-    _kick(disk_mb)
 
 
 SPARES = 1
@@ -250,8 +250,12 @@ def _take_spare(disk_mb: int) -> _Spare | None:
         return ready.pop() if ready else None
 
 
-def _kick(disk_mb: int) -> None:
-    """Make a spare of ``disk_mb`` in the background, unless one is ready or on its way."""
+def prepare_spare(disk_mb: int) -> None:
+    """Make a spare of ``disk_mb`` in the background, unless one is ready or on its way, or
+    caps do not work here. The backends call it once a sandbox is up, not in ``make_home``:
+    its CPU (~2-3 ms, with the kernel's) would compete with the rest of that create."""
+    if disk_mb <= 0 or not _state.get("worked"):
+        return
     with _lock:
         if (
             disk_mb in _preparing

@@ -37,7 +37,13 @@ import psutil
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
 from sandboxes import _cgroup
-from sandboxes._disk import DEFAULT_DISK_MB, drop_stale_spares, make_home, remove_home
+from sandboxes._disk import (
+    DEFAULT_DISK_MB,
+    drop_stale_spares,
+    make_home,
+    prepare_spare,
+    remove_home,
+)
 from sandboxes._docker_exec import (
     REAPER_ENV,
     DockerProcess,
@@ -158,6 +164,7 @@ class DockerSandbox(ExecFileOps):
             raise
         sb = cls(config, name, home, client, container)
         sb.disk_mb = disk_mb  # 0 when no cap could be made here (make_home warned)
+        prepare_spare(disk_mb)  # the next sandbox's capped filesystem, in the background
         return sb
 
     # --- commands --------------------------------------------------------------------------------

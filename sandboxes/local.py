@@ -23,8 +23,8 @@ returns, the pid namespace dies with it: background processes do not outlive an 
 Long-lived processes (a bash session) use ``start_process``.
 
 Limits: memory and pids on the sandbox cgroup (all its commands together); CPU seconds, file size
-and open files per process through rlimits; with ``disk_mb`` the workspace and /tmp live on
-their own capped filesystem (``_disk.py``). Syscalls go through a seccomp filter
+and open files per process through rlimits; the workspace and /tmp live on their own
+filesystem of ``disk_mb`` (``_disk.py``; 4096 by default, 0 for none). Syscalls go through a seccomp filter
 (``_seccomp.py``: bwrap ``--seccomp`` for chains; the exec agent installs it once, on
 itself, and its commands inherit it). A timeout kills the chain and everything in the
 command's cgroup. Without bubblewrap or cgroups the sandbox logs a WARNING naming what is
@@ -49,7 +49,13 @@ from typing import IO, Any, Self
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import ExecResult, OutputCap, SweepReport, new_name
 from sandboxes import _cgroup, _seccomp
-from sandboxes._disk import DEFAULT_DISK_MB, drop_stale_spares, make_home, remove_home
+from sandboxes._disk import (
+    DEFAULT_DISK_MB,
+    drop_stale_spares,
+    make_home,
+    prepare_spare,
+    remove_home,
+)
 from sandboxes._exec_agent import MAX_STDIN, SECCOMP_ENV, AgentSlot, ExecAgent, agent_argv
 from sandboxes._files import ExecFileOps
 from sandboxes._host import (
@@ -197,6 +203,7 @@ class LocalSandbox(ExecFileOps):
         except BaseException:
             await asyncio.shield(sb.close())
             raise
+        prepare_spare(disk_mb)  # the next sandbox's capped filesystem, in the background
         return sb
 
     # --- commands --------------------------------------------------------------------------------
