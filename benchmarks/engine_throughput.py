@@ -136,7 +136,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, float | str]:
             fused_adam="foreach" not in parts,
             lean_optimizer_step="stock" not in parts,
         )
-        engine = ENGINES.make("megatron", config=cfg, parallel=par)
+        engine = ENGINES.make("megatron", config=cfg, options=par)
     engine.initialize()
     if args.engine == "torch-compile":  # the HF model's decoder layers, as compile_layers does
         for layer in engine.scorer.model.model.layers:  # type: ignore[attr-defined]

@@ -359,7 +359,7 @@ class RunConfig:
     critic: EngineConfig = field(default_factory=lambda: EngineConfig(role="critic"))
     """The critic's engine; used only with algo.adv_estimator=gae."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
-    """Parallel layout of engines with backend=megatron (world size = train.world_size)."""
+    """Options of engines with backend=megatron: parallel layout (world size = train.world_size)."""
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     checkpoint: CheckpointManager.Config = field(default_factory=CheckpointManager.Config)
     logging: MetricsLogger.Config = field(default_factory=MetricsLogger.Config)
@@ -375,6 +375,21 @@ class RunConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name
+
+    def backends_in_use(self) -> set[str]:
+        """The engine backends this run builds: the policy's, and the critic's with GAE."""
+        return {self.engine.backend} | (
+            {self.critic.backend} if self.algo.adv_estimator == "gae" else set()
+        )
+
+    def engine_options(self, backend: str) -> object:
+        """The config section a backend owns (``megatron:`` for ``megatron``), or None.
+
+        An engine's own options live in the section named after its backend, and reach the
+        engine through the registry (``ENGINES.make(backend, config=..., options=...)``), so the
+        driver, SFT and the workers pass them on without knowing which engine they feed.
+        """
+        return getattr(self, backend, None) if backend in ENGINE_SECTIONS else None
 
     def validate(self) -> None:
         _canonical_algo_names(self)
@@ -411,7 +426,10 @@ def _validate_shapes(cfg: RunConfig) -> None:
             f"rollout.group_size must be >= 2 for algo.adv_estimator={cfg.algo.adv_estimator} "
             "(the baseline comes from the other group members); try rollout.group_size=8."
         )
-    _validate_megatron(cfg)
+    for backend in sorted(cfg.backends_in_use()):
+        options = cfg.engine_options(backend)
+        if options is not None and hasattr(options, "validate_run"):
+            options.validate_run(cfg)
     seqs = (t.mini_batch_size or t.batch_size) * r.group_size
     if seqs < t.world_size:
         raise ConfigError(
@@ -430,24 +448,10 @@ def _validate_shapes(cfg: RunConfig) -> None:
         )
 
 
+ENGINE_SECTIONS = ("megatron",)
+"""Backends whose options have their own top-level section, named like the backend."""
+
 _GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
-
-
-def _validate_megatron(cfg: RunConfig) -> None:
-    if cfg.engine.backend != "megatron":
-        return
-    m, world = cfg.megatron, cfg.train.world_size
-    model_parallel = m.tensor_parallel_size * m.pipeline_parallel_size * m.context_parallel_size
-    if model_parallel < 1 or world % model_parallel:
-        raise ConfigError(
-            f"train.world_size ({world}) must be a multiple of megatron.tensor_parallel_size x "
-            f"pipeline_parallel_size x context_parallel_size ({model_parallel}); the rest is data "
-            f"parallel. Try train.world_size={max(model_parallel, 1)}."
-        )
-    if cfg.algo.adv_estimator == "gae" and cfg.critic.backend == "megatron":
-        raise ConfigError(
-            "the megatron engine has no critic (value head); keep critic.backend=torch"
-        )
 
 
 def _canonical_algo_names(cfg: RunConfig) -> None:

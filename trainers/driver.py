@@ -432,7 +432,7 @@ class Trainer:
         kwargs = {
             "cfg": engine_cfg,
             "num_threads": threads_per_rank(self.cfg),
-            "megatron": self.cfg.megatron,
+            "options": self.cfg.engine_options(engine_cfg.backend),
         }
         group: WorkerGroup[Any] = WorkerGroup(
             self._pool, cls, kwargs=kwargs, share=share, name=name

@@ -227,7 +227,11 @@ def run_sft(cfg: RunConfig, model: Path, out: Path, *, num_threads: int) -> dict
     group = WorkerGroup(
         pool,
         ActorWorker,
-        kwargs={"cfg": engine_cfg, "num_threads": num_threads, "megatron": cfg.megatron},
+        kwargs={
+            "cfg": engine_cfg,
+            "num_threads": num_threads,
+            "options": cfg.engine_options(engine_cfg.backend),
+        },
         name="sft",
     )
     log = MetricsLogger(replace(cfg.logging, console=False), out.parent / "sft_logs",

@@ -27,7 +27,6 @@ import torch
 from agentrl.batch import TrainBatch
 from agentrl.distributed import DataLayout, Dispatch, Worker, dispatch
 from agentrl.engine import Engine, EngineConfig
-from trainers.engines.megatron.config import MegatronConfig
 from trainers.updates import (
     CriticLoss,
     CriticUpdate,
@@ -43,13 +42,11 @@ Metrics = dict[str, float]
 __all__ = ["ActorWorker", "CriticUpdate", "CriticWorker", "PolicyUpdate", "RefWorker"]
 
 
-def build_engine(cfg: EngineConfig, megatron: MegatronConfig | None = None) -> Engine:
-    """The engine ``cfg.backend`` names (``megatron`` also takes its parallel layout)."""
+def build_engine(cfg: EngineConfig, options: object = None) -> Engine:
+    """The engine ``cfg.backend`` names, with its own options section (``RunConfig.engine_options``)."""
     from trainers.engines import ENGINES
 
-    if cfg.backend == "megatron":
-        return ENGINES.make("megatron", config=cfg, parallel=megatron or MegatronConfig())
-    return ENGINES.make(cfg.backend, config=cfg)
+    return ENGINES.make(cfg.backend, config=cfg, options=options)
 
 
 def _undo_ray_niceness() -> None:
@@ -68,16 +65,14 @@ def _undo_ray_niceness() -> None:
 class EngineWorker(Worker):
     """One rank of a model role: builds and initialises its engine."""
 
-    def __init__(
-        self, cfg: EngineConfig, num_threads: int = 0, megatron: MegatronConfig | None = None
-    ) -> None:
+    def __init__(self, cfg: EngineConfig, num_threads: int = 0, options: object = None) -> None:
         _undo_ray_niceness()
         if num_threads > 0:  # Ray pins OMP threads to the bundle's CPUs; the driver knows better
             torch.set_num_threads(num_threads)
         if self.world_size > 1:
             self.init_process_group()
         torch.manual_seed(cfg.seed + self.rank)
-        self.engine = build_engine(cfg, megatron)
+        self.engine = build_engine(cfg, options)
         self.engine.initialize()
 
     def data_parallel_layout(self) -> DataLayout:

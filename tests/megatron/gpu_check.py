@@ -81,7 +81,7 @@ def lean(path: str, batch) -> None:  # type: ignore[no-untyped-def]
         e = ENGINES.make(
             "megatron",
             config=cfg(path, dtype="bfloat16", max_grad_norm=0.5),
-            parallel=MegatronConfig(lean_optimizer_step=on),
+            options=MegatronConfig(lean_optimizer_step=on),
         )
         e.initialize()
         norms = [train_step(e, batch)["train/grad_norm"] for _ in range(3)]
@@ -101,7 +101,7 @@ def compiled(path: str, batch, mask) -> None:  # type: ignore[no-untyped-def]
         par = MegatronConfig(
             compile_layers=scope != "eager", compile_scope=scope if scope != "eager" else "decoder"
         )
-        e = ENGINES.make("megatron", config=cfg(path, dtype="bfloat16"), parallel=par)
+        e = ENGINES.make("megatron", config=cfg(path, dtype="bfloat16"), options=par)
         e.initialize()
         lp, _ = e.compute_logprobs(batch)
         steps = [train_step(e, batch) for _ in range(3)]
@@ -234,7 +234,7 @@ def tp(out: Path) -> None:
         e = ENGINES.make(
             "megatron",
             config=cfg(path, dtype="bfloat16"),
-            parallel=MegatronConfig(tensor_parallel_size=tp_size),
+            options=MegatronConfig(tensor_parallel_size=tp_size),
         )
         e.initialize()
         shard = batch if tp_size == 2 else batch.split(2)[e.data_parallel_rank]

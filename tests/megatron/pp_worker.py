@@ -71,7 +71,7 @@ def run(rank: int, port: int, model_path: str, out_dir: str, steps: tuple[str, .
             cfg = EngineConfig(model_path=model_path, device="cpu", role="ref",
                                micro_batch_size=2, packed=packed)  # fmt: skip
             parallel = MegatronConfig(pipeline_parallel_size=2)
-            engines[packed] = ENGINES.make("megatron", config=cfg, parallel=parallel)
+            engines[packed] = ENGINES.make("megatron", config=cfg, options=parallel)
             engines[packed].initialize()
         return engines[packed]
 

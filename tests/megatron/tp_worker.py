@@ -24,7 +24,7 @@ def run(rank: int, port: int, model_path: str, out_dir: str) -> None:
     if not torch.cuda.is_available():
         torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     cfg = EngineConfig(model_path=model_path, device="cpu", role="ref", micro_batch_size=2)
-    engine = ENGINES.make("megatron", config=cfg, parallel=MegatronConfig(tensor_parallel_size=2))
+    engine = ENGINES.make("megatron", config=cfg, options=MegatronConfig(tensor_parallel_size=2))
     engine.initialize()
     logprobs, entropy = engine.compute_logprobs(make_batch(), with_entropy=True)
     weights = dict(engine.named_weights())

@@ -39,3 +39,38 @@ def test_build_engine_makes_the_named_backend(tmp_path) -> None:
     cfg = EngineConfig(model_path=str(tmp_path), backend="megatron", role="ref", device="cpu")
     assert isinstance(build_engine(cfg), MegatronEngine)  # built, not initialised
     assert isinstance(build_engine(EngineConfig(model_path=str(tmp_path))), TorchEngine)
+
+
+def test_each_engine_gets_its_own_section_through_the_registry(tmp_path) -> None:
+    """The run config hands a backend its own section; generic code never names the backend."""
+    import ast
+    from pathlib import Path
+
+    from agentrl.engine import EngineConfig
+
+    cfg = load_run_config(
+        RECIPE, ["engine.backend=megatron", "train.world_size=2", "megatron.tensor_parallel_size=2"]
+    )
+    options = cfg.engine_options("megatron")
+    assert options is cfg.megatron and cfg.engine_options("torch") is None
+    engine = build_engine(
+        EngineConfig(model_path=str(tmp_path), backend="megatron", role="ref", device="cpu"),
+        options,
+    )
+    assert engine.parallel.tensor_parallel_size == 2  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="takes no options"):
+        build_engine(EngineConfig(model_path=str(tmp_path)), options)
+
+    root = Path(__file__).resolve().parents[2]
+    for generic in ("trainers/driver.py", "trainers/sft.py", "trainers/workers.py"):
+        strings = {
+            n.value
+            for n in ast.walk(ast.parse((root / generic).read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        }
+        names = {
+            n.id
+            for n in ast.walk(ast.parse((root / generic).read_text()))
+            if isinstance(n, ast.Name)
+        }
+        assert "megatron" not in strings and "MegatronConfig" not in names, generic

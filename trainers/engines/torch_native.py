@@ -92,8 +92,10 @@ class TorchEngine(Engine):
 
     Config = EngineConfig
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, options: object = None) -> None:
         config.validate()
+        if options is not None:
+            raise ConfigError(f"the torch engine takes no options section, got {options!r}")
         self.config = config
         self.step = 0  # optimizer steps taken
         self._scorer: Scorer | None = None

@@ -1,4 +1,4 @@
-"""Megatron-core engine: ``ENGINES.make("megatron", config=EngineConfig(...), parallel=MegatronEngine.Config(...))``.
+"""Megatron-core engine: ``ENGINES.make("megatron", config=EngineConfig(...), options=MegatronConfig(...))``.
 
 Modules: ``engine`` (MegatronEngine), ``model`` (HF config -> GPTModel), ``convert`` (HF <->
 Megatron weights), ``attention`` (SDPA core attention), ``logprobs`` (vocab-parallel

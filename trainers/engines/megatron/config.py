@@ -7,6 +7,9 @@ In a recipe they sit under ``megatron:`` and apply when ``engine.backend: megatr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from agentrl.errors import ConfigError
 
 
 @dataclass(kw_only=True)
@@ -40,3 +43,22 @@ class MegatronConfig:
     """Clip and step with ``optim.LeanStep`` (one device sync, foreach kernels) instead of
     Megatron's step, whose fallbacks without Apex sync once per parameter; same state and
     checkpoints. Falls back to Megatron's step where LeanStep does not apply (e.g. fp16)."""
+
+    def validate_run(self, cfg: Any) -> None:
+        """Checks against the whole run config (``RunConfig.validate`` calls it when an engine
+        role uses ``backend: megatron``): the world size splits into model-parallel groups, and
+        no critic runs on this engine."""
+        world = cfg.train.world_size
+        model_parallel = (
+            self.tensor_parallel_size * self.pipeline_parallel_size * self.context_parallel_size
+        )
+        if model_parallel < 1 or world % model_parallel:
+            raise ConfigError(
+                f"train.world_size ({world}) must be a multiple of megatron.tensor_parallel_size "
+                f"x pipeline_parallel_size x context_parallel_size ({model_parallel}); the rest "
+                f"is data parallel. Try train.world_size={max(model_parallel, 1)}."
+            )
+        if cfg.algo.adv_estimator == "gae" and cfg.critic.backend == "megatron":
+            raise ConfigError(
+                "the megatron engine has no critic (value head); keep critic.backend=torch"
+            )

@@ -92,12 +92,24 @@ class MegatronEngine(Engine):
 
     Config = MegatronConfig
 
-    def __init__(self, config: EngineConfig, parallel: MegatronConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        options: MegatronConfig | None = None,
+        *,
+        parallel: MegatronConfig | None = None,
+    ) -> None:
+        """``options``: the run's ``megatron:`` section (``parallel=`` is its deprecated name)."""
         config.validate()
         if config.role == "critic":
             raise ConfigError("the megatron engine has no critic (value head); use engine=torch")
+        if parallel is not None:
+            import warnings
+
+            warnings.warn("MegatronEngine(parallel=...) is now options=...", DeprecationWarning,
+                          stacklevel=2)  # fmt: skip
         self.config = config
-        self.parallel = parallel or MegatronConfig()
+        self.parallel = options or parallel or MegatronConfig()
         self.step = 0
         self.shape: ModelShape | None = None
         self._ddp: Any = None
