@@ -62,7 +62,6 @@ class AgentLoop(ABC):
 AGENTS: Registry[AgentLoop] = Registry(
     "agent loop",
     entry_point_group="agentrl.agents",
-    builtin_modules=("agents",),
     hint="Built-in loops: single_turn, tool_calling, env_driver. For a loop registered in "
     f"your own code, {MODULES_HINT}.",
 )

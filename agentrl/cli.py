@@ -21,6 +21,7 @@ import typer
 
 from agentrl.cli_options import EnvKwargs, Modules, parse_env_kwargs
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.plugins import COMMANDS, load_plugins
 from agentrl.registry import import_modules, load_entry_point
 
 app = typer.Typer(
@@ -86,17 +87,11 @@ def _register_commands() -> None:
     app.command("rollout")(rollout)
     tools_app.command("serve")(tools_serve)
     tools_app.command("mcp")(tools_mcp)
-    # Training lives in trainers/ (an implementation package the kernel never imports by
-    # statement); its commands are named by lazy "module:attr" strings, like registry entries.
-    for name, spec in TRAINING_COMMANDS:
+    # Commands that plugins add (the built-ins' train, sft and eval live in trainers/, which
+    # the kernel never names): lazy "module:attr" strings, like registry entries.
+    load_plugins()
+    for name, spec in sorted(COMMANDS.items()):
         app.command(name)(load_entry_point(spec))
-
-
-TRAINING_COMMANDS = (
-    ("train", "trainers.cli:train_cmd"),
-    ("sft", "trainers.cli:sft_cmd"),
-    ("eval", "trainers.cli:eval_cmd"),
-)
 
 
 _register_commands()

@@ -463,7 +463,6 @@ class MaxTurns(EnvWrapper):
 # --- the registry ---------------------------------------------------------------------------
 ENVS: EnvRegistry[Env] = EnvRegistry(
     entry_point_group="agentrl.envs",
-    builtin_modules=("envs",),
     hint=f"See `agentrl envs list`. For an env registered in your own code, {MODULES_HINT}.",
 )
 

@@ -174,6 +174,9 @@ class Registry(Generic[T]):
         if self._loaded_plugins:
             return
         self._loaded_plugins = True
+        from agentrl.plugins import load_plugins
+
+        load_plugins()
         for mod in self._builtin_modules:
             importlib.import_module(mod)
         if self._group is None:

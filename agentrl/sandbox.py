@@ -41,11 +41,7 @@ logger = logging.getLogger(__name__)
 SANDBOXES: Registry[Sandbox] = Registry(
     "sandbox backend", hint="Register one with SANDBOXES.register(kind, 'pkg.mod:Class')."
 )
-SANDBOXES.register("local", "sandboxes.local:LocalSandbox", description="bubblewrap + cgroups")
-SANDBOXES.register("docker", "sandboxes.docker:DockerSandbox", description="Docker containers")
-SANDBOXES.register(
-    "remote", "sandboxes.remote:RemoteSandbox", description="a sandbox server, over HTTP"
-)
+"""Backends by kind; the built-ins (local, docker, remote) register from ``sandboxes/``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -311,7 +311,6 @@ def _unknown_tool_message(name: str, known: list[str]) -> str:
 TOOLS: Registry[Tool] = Registry(
     "tool",
     entry_point_group="agentrl.tools",
-    builtin_modules=("tools",),
     hint="See `agentrl tools list`.",
 )
 

@@ -32,6 +32,52 @@ def test_kernel_does_not_import_implementations() -> None:
     assert offenders == [], "kernel -> implementation imports:\n" + "\n".join(offenders)
 
 
+def _implementation_strings(path: Path) -> list[str]:
+    """String constants that name an implementation module (``"envs.x:Y"``, ``"trainers.cli"``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            head, dot, rest = node.value.partition(".")
+            colon_head = node.value.partition(":")[0]
+            if (head in IMPLEMENTATIONS and dot and rest[:1].isidentifier()) or (
+                colon_head in IMPLEMENTATIONS and ":" in node.value
+            ):
+                found.append(node.value)
+    return found
+
+
+def test_kernel_names_no_implementation_module_even_by_string() -> None:
+    """Built-ins register from the implementation side (agentrl_builtins, an agentrl.plugins
+    entry point); the kernel must not name them in lazy strings either."""
+    offenders = [
+        f"{path.relative_to(ROOT)}: {s!r}"
+        for path in sorted((ROOT / "agentrl").rglob("*.py"))
+        for s in _implementation_strings(path)
+    ]
+    assert offenders == [], "kernel -> implementation strings:\n" + "\n".join(offenders)
+
+
+def test_an_uninstalled_checkout_on_pythonpath_finds_the_builtins(tmp_path: Path) -> None:
+    """No entry points at all (never pip-installed): the built-ins still resolve by module name."""
+    code = (
+        "import importlib.metadata as m\n"
+        "m.entry_points = lambda **kw: []\n"
+        "from agentrl.env import make_env\n"
+        "from agentrl.agent import AGENTS\n"
+        "from agentrl.tool import TOOLS\n"
+        "from agentrl.sandbox import SANDBOXES\n"
+        "from agentrl.plugins import COMMANDS\n"
+        "print(type(make_env('arith/Calculator-v0')).__name__, AGENTS.spec('tool_calling').id,\n"
+        "      TOOLS.spec('bash').id, SANDBOXES.spec('local').id, sorted(COMMANDS))\n"
+    )
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, check=True)  # fmt: skip
+    assert out.stdout.split() == [
+        "CalculatorEnv", "tool_calling", "bash", "local", "['eval',", "'sft',", "'train']"
+    ]  # fmt: skip
+
+
 def test_importing_agentrl_is_cheap() -> None:
     """`import agentrl` must not pull in torch, ray or the server (nothing at import time)."""
     code = "import sys, agentrl; print(','.join(m for m in ('torch', 'ray', 'fastapi', 'transformers') if m in sys.modules))"
