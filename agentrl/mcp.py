@@ -88,8 +88,11 @@ class MCPToolSet(ToolSet):
                     await self._stop.wait()
             except BaseException as e:
                 if not ready.done():
-                    ready.set_exception(SandboxError(f"could not connect to MCP server {target!r}: "
-                                                     f"{type(e).__name__}: {e}"))  # fmt: skip
+                    ready.set_exception(
+                        SandboxError(
+                            f"could not connect to MCP server {target!r}: {type(e).__name__}: {e}"
+                        )
+                    )
                 elif not isinstance(e, asyncio.CancelledError):
                     logger.warning("MCP connection to %r ended: %s", target, e)
             finally:
@@ -105,8 +108,11 @@ class MCPToolSet(ToolSet):
                 f"{connect_timeout_s:g}s (initialize + tools/list)"
             ) from None
         for t in listed:
-            schema = {"name": t.name, "description": t.description or "",
-                      "parameters": dict(t.input_schema or {"type": "object", "properties": {}})}  # fmt: skip
+            schema = {
+                "name": t.name,
+                "description": t.description or "",
+                "parameters": dict(t.input_schema or {"type": "object", "properties": {}}),
+            }
             self.add(SchemaTool(schema, self.call))
 
     async def call(self, tool_call: ToolCall, **injected: Any) -> ToolResult:
@@ -121,12 +127,18 @@ class MCPToolSet(ToolSet):
             async with asyncio.timeout(self.timeout_s):
                 res = await client.call_tool(tool_call.name, tool_call.arguments)
         except TimeoutError:
-            return ToolResult(content=f"Error: tool {tool_call.name!r} timed out after "
-                              f"{self.timeout_s:g}s.", is_error=True, metadata={"error": "timeout"})  # fmt: skip
+            return ToolResult(
+                content=f"Error: tool {tool_call.name!r} timed out after {self.timeout_s:g}s.",
+                is_error=True,
+                metadata={"error": "timeout"},
+            )
         except MCPError as e:
             if e.code in _BLAME_REQUEST:
-                return ToolResult(content=f"Error: {e.message}", is_error=True,
-                                  metadata={"error": "arguments", "code": e.code})  # fmt: skip
+                return ToolResult(
+                    content=f"Error: {e.message}",
+                    is_error=True,
+                    metadata={"error": "arguments", "code": e.code},
+                )
             raise SandboxError(
                 f"MCP tool {tool_call.name!r} failed on the server: {e.message}"
             ) from e
@@ -188,8 +200,10 @@ async def mcp_toolset(
     target: Any = server
     if isinstance(server, str):
         if not server.startswith(("http://", "https://")):
-            raise ConfigError(f"an MCP server string must be an http(s) URL, got {server!r}; "
-                              "pass a command as a list, e.g. ['python', '-m', 'pkg.server']")  # fmt: skip
+            raise ConfigError(
+                f"an MCP server string must be an http(s) URL, got {server!r}; "
+                "pass a command as a list, e.g. ['python', '-m', 'pkg.server']"
+            )
     elif not isinstance(server, StdioServerParameters):
         argv = list(server)
         if not argv:
@@ -214,16 +228,19 @@ def mcp_server(tools: ToolSet, *, sandbox: Sandbox | None = None) -> Server[Any]
     injected = {"sandbox": sandbox} if sandbox is not None else {}
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[
-            types.Tool(name=t.name, description=t.description, input_schema=t.parameters)
-            for t in tools
-        ])  # fmt: skip
+        return types.ListToolsResult(
+            tools=[
+                types.Tool(name=t.name, description=t.description, input_schema=t.parameters)
+                for t in tools
+            ]
+        )
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         tc = ToolCall(name=params.name, arguments=dict(params.arguments or {}))
         res = await tools.call(tc, **injected)
-        return types.CallToolResult(content=[types.TextContent(type="text", text=res.content)],
-                                    is_error=res.is_error)  # fmt: skip
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=res.content)], is_error=res.is_error
+        )
 
     return Server(tools.name, on_list_tools=list_tools, on_call_tool=call_tool)
 

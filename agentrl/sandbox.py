@@ -319,8 +319,11 @@ def __getattr__(name: str) -> object:
         import importlib
         import warnings
 
-        warnings.warn(f"import {name} from agentrl.sandbox_pool, not agentrl.sandbox",
-                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"import {name} from agentrl.sandbox_pool, not agentrl.sandbox",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return getattr(importlib.import_module("agentrl.sandbox_pool"), name)
     raise AttributeError(f"module 'agentrl.sandbox' has no attribute {name!r}")
 

@@ -66,8 +66,10 @@ async def view(sandbox: Sandbox, path: str, view_range: list[int] | None) -> str
     start, end = view_range
     end = n if end == -1 else end
     if not 1 <= start <= n or not start <= end <= n:
-        raise EditorError(f"view_range {view_range} is outside the file's lines [1, {n}]; "
-                          "use [start, -1] to read to the end")  # fmt: skip
+        raise EditorError(
+            f"view_range {view_range} is outside the file's lines [1, {n}]; "
+            "use [start, -1] to read to the end"
+        )
     return clip(numbered("\n".join(text.split("\n")[start - 1 : end]), start))
 
 
@@ -75,15 +77,19 @@ async def str_replace(sandbox: Sandbox, path: str, old_str: str, new_str: str) -
     text = await _read_text(sandbox, path)
     count = text.count(old_str) if old_str else 0
     if count == 0:
-        raise EditorError(f"no replacement was made: old_str does not appear verbatim in {path} "
-                          "(check whitespace and indentation; view the file first)")  # fmt: skip
+        raise EditorError(
+            f"no replacement was made: old_str does not appear verbatim in {path} "
+            "(check whitespace and indentation; view the file first)"
+        )
     if count > 1:
         lines, pos = [], text.find(old_str)
         while pos != -1:
             lines.append(text.count("\n", 0, pos) + 1)
             pos = text.find(old_str, pos + 1)
-        raise EditorError(f"no replacement was made: old_str occurs {count} times in {path} "
-                          f"(lines {lines[:10]}); include more surrounding lines to make it unique")  # fmt: skip
+        raise EditorError(
+            f"no replacement was made: old_str occurs {count} times in {path} "
+            f"(lines {lines[:10]}); include more surrounding lines to make it unique"
+        )
     first_line = text.count("\n", 0, text.find(old_str)) + 1
     new_text = text.replace(old_str, new_str, 1)
     await _write(sandbox, path, new_text, text.encode("utf-8"))

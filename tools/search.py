@@ -48,8 +48,9 @@ async def search(
         script = _FIND
     else:
         raise ToolError(f"mode must be 'content' or 'files', got {mode!r}")
-    r = await sandbox.exec(["bash", "-c", script, "search", *args], timeout_s=60,
-                           env={"LIMIT": str(limit + 1)})  # fmt: skip
+    r = await sandbox.exec(
+        ["bash", "-c", script, "search", *args], timeout_s=60, env={"LIMIT": str(limit + 1)}
+    )
     if r.timed_out:
         return "[the search timed out after 60s; search a smaller path]"
     lines = [ln[:MAX_LINE_CHARS] for ln in r.stdout.splitlines()]

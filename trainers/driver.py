@@ -112,8 +112,12 @@ class Trainer:
             after = self.evaluate_once("after", step=self.step_done)
             return self.finish(before, after, time.perf_counter() - t0)
         except (KeyboardInterrupt, SystemExit):
-            logger.warning("stopped after %d of %d RL steps; %s", self.step_done,
-                           self.cfg.train.steps, self.resume_hint())  # fmt: skip
+            logger.warning(
+                "stopped after %d of %d RL steps; %s",
+                self.step_done,
+                self.cfg.train.steps,
+                self.resume_hint(),
+            )
             raise
         finally:
             self.close()
@@ -211,8 +215,13 @@ class Trainer:
         logger.warning(
             "step %d: %d of %d rollouts failed and are masked out (train.max_error_rate=%s); "
             "most common (%d x): %s",
-            step, len(failed), len(trajs), t_cfg.max_error_rate, n, top,
-        )  # fmt: skip
+            step,
+            len(failed),
+            len(trajs),
+            t_cfg.max_error_rate,
+            n,
+            top,
+        )
         if limit and self.failed_steps >= limit:
             raise TrainingError(
                 f"more than train.max_error_rate={t_cfg.max_error_rate} of the rollouts failed "
@@ -245,8 +254,10 @@ class Trainer:
             flat += [g for g, k in zip(groups, keep, strict=True) if not k]
             seen, rounds = sampler.seen, sampler.rounds
             if sampler.full:
-                return sampler.take(), {"rollout/filter_kept_rate": n / seen,
-                                        "rollout/filter_padded_groups": 0.0}  # fmt: skip
+                return sampler.take(), {
+                    "rollout/filter_kept_rate": n / seen,
+                    "rollout/filter_padded_groups": 0.0,
+                }
             if limit and rounds >= limit:
                 kept = sampler.drain()
                 pad = n - len(kept)
@@ -255,8 +266,12 @@ class Trainer:
                     "(algo.max_filter_rounds=%d); %d groups with identical rewards fill the "
                     "batch. If this persists, warm up longer (sft.steps), raise "
                     "rollout.group_size or algo.max_filter_rounds.",
-                    len(kept), n, rounds, limit, pad,
-                )  # fmt: skip
+                    len(kept),
+                    n,
+                    rounds,
+                    limit,
+                    pad,
+                )
                 return kept + flat[:pad], {
                     "rollout/filter_kept_rate": len(kept) / seen,
                     "rollout/filter_padded_groups": float(pad),
@@ -299,9 +314,13 @@ class Trainer:
         token_rewards = batch.token_rewards
         if self.ref is not None and algo.kl.in_reward:
             token_rewards, kl_m = apply_kl_to_reward(
-                token_rewards, batch["old_logprobs"], batch["ref_logprobs"], batch.loss_mask,
-                kind=algo.kl.type, coef=self.kl_ctl.value,
-            )  # fmt: skip
+                token_rewards,
+                batch["old_logprobs"],
+                batch["ref_logprobs"],
+                batch.loss_mask,
+                kind=algo.kl.type,
+                coef=self.kl_ctl.value,
+            )
             out = {f"train/{k}": float(v) for k, v in kl_m.items()}
         inputs = AdvantageInputs(
             response_mask=batch.loss_mask,
@@ -324,16 +343,26 @@ class Trainer:
         out: dict[str, float] = {}
         num_mini = cfg.train.batch_size // (cfg.train.mini_batch_size or cfg.train.batch_size)
         if self.critic is not None:
-            spec_c = CriticUpdate(value_clip=cfg.algo.value_clip, agg=cfg.algo.loss_agg,
-                                  epochs=cfg.train.ppo_epochs, num_mini_batches=num_mini)  # fmt: skip
+            spec_c = CriticUpdate(
+                value_clip=cfg.algo.value_clip,
+                agg=cfg.algo.loss_agg,
+                epochs=cfg.train.ppo_epochs,
+                num_mini_batches=num_mini,
+            )
             out |= mean_metrics(self.critic.update_critic(batch, spec_c))
         kl = cfg.algo.kl
         spec = PolicyUpdate(
-            loss=cfg.algo.policy_loss, loss_cfg=cfg.algo.clip, agg=cfg.algo.loss_agg,
-            entropy_coef=cfg.algo.entropy_coef, kl_coef=self.kl_ctl.value if (self.ref is not None and not kl.in_reward) else 0.0,
-            kl_type=kl.type, epochs=cfg.train.ppo_epochs, num_mini_batches=num_mini,
-            temperature=cfg.rollout.temperature, is_weights=cfg.algo.rollout_is.enabled,
-        )  # fmt: skip
+            loss=cfg.algo.policy_loss,
+            loss_cfg=cfg.algo.clip,
+            agg=cfg.algo.loss_agg,
+            entropy_coef=cfg.algo.entropy_coef,
+            kl_coef=self.kl_ctl.value if (self.ref is not None and not kl.in_reward) else 0.0,
+            kl_type=kl.type,
+            epochs=cfg.train.ppo_epochs,
+            num_mini_batches=num_mini,
+            temperature=cfg.rollout.temperature,
+            is_weights=cfg.algo.rollout_is.enabled,
+        )
         out |= mean_metrics(self.actor.update_policy(batch, spec))
         return out
 
@@ -412,16 +441,26 @@ class Trainer:
             * cfg.train.ppo_epochs
             * (cfg.train.batch_size // (cfg.train.mini_batch_size or cfg.train.batch_size))
         )
-        actor_cfg = replace(cfg.engine, model_path=str(self.policy_path), role="actor",
-                            total_steps=cfg.engine.total_steps or opt_steps, seed=cfg.seed)  # fmt: skip
+        actor_cfg = replace(
+            cfg.engine,
+            model_path=str(self.policy_path),
+            role="actor",
+            total_steps=cfg.engine.total_steps or opt_steps,
+            seed=cfg.seed,
+        )
         self.actor = self._group(ActorWorker, actor_cfg, "actor")
         self.ref = None
         if cfg.algo.kl.coef:
             self.ref = self._group(RefWorker, replace(actor_cfg, role="ref"), "ref")
         self.critic = None
         if cfg.algo.adv_estimator == "gae":
-            critic_cfg = replace(cfg.critic, model_path=cfg.critic.model_path or str(self.policy_path), role="critic",
-                                 total_steps=cfg.critic.total_steps or opt_steps, seed=cfg.seed)  # fmt: skip
+            critic_cfg = replace(
+                cfg.critic,
+                model_path=cfg.critic.model_path or str(self.policy_path),
+                role="critic",
+                total_steps=cfg.critic.total_steps or opt_steps,
+                seed=cfg.seed,
+            )
             self.critic = self._group(CriticWorker, critic_cfg, "critic")
 
     def _group(self, cls: type, engine_cfg: EngineConfig, name: str) -> WorkerGroup[Any]:
@@ -446,8 +485,13 @@ class Trainer:
         if self.critic is not None:
             self.critic.save(str(tmp / "critic"))
         extra = {"policy_path": str(self.policy_path), "kl_coef": self.kl_ctl.value}
-        state = TrainerState(step=self.step_done, weight_version=self.version, data_cursor=self.cursor,
-                             rng=capture_rng(), extra=extra)  # fmt: skip
+        state = TrainerState(
+            step=self.step_done,
+            weight_version=self.version,
+            data_cursor=self.cursor,
+            rng=capture_rng(),
+            extra=extra,
+        )
         return self.ckpt.commit(tmp, state)
 
     def _prepare_run_dir(self) -> TrainerState | None:
@@ -520,9 +564,17 @@ class Trainer:
         if self.cfg.checkpoint.export_hf:
             hf_dir = self.run_dir / "hf"
             self.actor.export_hf(str(hf_dir))
-        return write_report(self.run_dir, before=before, after=after, wall_s=wall_s,
-                            steps=self.step_done, hf_dir=hf_dir, seed=self.cfg.seed,
-                            command=self.command, eval_fraction=self.cfg.data.eval_fraction)  # fmt: skip
+        return write_report(
+            self.run_dir,
+            before=before,
+            after=after,
+            wall_s=wall_s,
+            steps=self.step_done,
+            hf_dir=hf_dir,
+            seed=self.cfg.seed,
+            command=self.command,
+            eval_fraction=self.cfg.data.eval_fraction,
+        )
 
     def close(self) -> None:
         if self.fleet is not None:  # first: server processes outlive a driver that dies here
@@ -569,5 +621,8 @@ def _report_skipped_updates(metrics: dict[str, float], step: int) -> None:
     why = [text for r, text in SKIP_REASONS.items() if metrics.get(f"train/skipped_{r}", 0.0)]
     logger.warning(
         "step %d: %.0f%% of the policy's optimizer steps were skipped, weights unchanged for "
-        "them: %s", step, 100 * share, "; ".join(why) or "see train/skipped_* metrics",
-    )  # fmt: skip
+        "them: %s",
+        step,
+        100 * share,
+        "; ".join(why) or "see train/skipped_* metrics",
+    )

@@ -149,9 +149,12 @@ def summarize_seeds(runs: list[dict[str, Any]], out_dir: Path, *, command: str) 
     if b and a:
         logger.info(
             "%d seeds: eval success %.1f%% +/- %.1f -> %.1f%% +/- %.1f (mean +/- standard error)",
-            len(runs), 100 * b["success_rate"]["mean"], 100 * b["success_rate"]["se"],
-            100 * a["success_rate"]["mean"], 100 * a["success_rate"]["se"],
-        )  # fmt: skip
+            len(runs),
+            100 * b["success_rate"]["mean"],
+            100 * b["success_rate"]["se"],
+            100 * a["success_rate"]["mean"],
+            100 * a["success_rate"]["se"],
+        )
     return summary
 
 
@@ -174,12 +177,19 @@ def plot_rewards(
     )
     rewards = [float(r["rollout/reward_mean"]) for r in rows]
     window = max(1, len(rows) // 10)
-    smooth = [sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
-              for i in range(len(rewards))]  # fmt: skip
+    smooth = [
+        sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
+        for i in range(len(rewards))
+    ]
     ax.plot(steps, smooth, linewidth=2.5, label=f"train reward ({window}-step mean)")
     if before and after:
-        ax.scatter([0, steps[-1]], [before["eval/reward_mean"], after["eval/reward_mean"]], color="black",
-                   zorder=3, label="held-out eval reward")  # fmt: skip
+        ax.scatter(
+            [0, steps[-1]],
+            [before["eval/reward_mean"], after["eval/reward_mean"]],
+            color="black",
+            zorder=3,
+            label="held-out eval reward",
+        )
     ax.set_xlabel("RL step")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)

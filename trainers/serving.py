@@ -135,9 +135,15 @@ class Fleet:
     copy) and version, so a restarted server gets exactly what the others serve."""
 
     def __init__(
-        self, cfg: InferenceConfig, *, run_seed: int, dtype: str, device: str, log_dir: Path,
+        self,
+        cfg: InferenceConfig,
+        *,
+        run_seed: int,
+        dtype: str,
+        device: str,
+        log_dir: Path,
         supervisor: ServerSupervisor.Config | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg = cfg
         self.run_seed = run_seed
         self.dtype = dtype
@@ -157,8 +163,14 @@ class Fleet:
     @classmethod
     def for_run(cls, cfg: RunConfig, log_dir: Path) -> Fleet:
         """Servers in the policy's dtype, on its device."""
-        return cls(cfg.inference, run_seed=cfg.seed, dtype=cfg.engine.dtype, device=cfg.engine.device,
-                   log_dir=log_dir, supervisor=cfg.inference.restart)  # fmt: skip
+        return cls(
+            cfg.inference,
+            run_seed=cfg.seed,
+            dtype=cfg.engine.dtype,
+            device=cfg.engine.device,
+            log_dir=log_dir,
+            supervisor=cfg.inference.restart,
+        )
 
     def run(self, aw: Awaitable[T]) -> T:
         return self.loop.run_until_complete(aw)
@@ -192,37 +204,58 @@ class Fleet:
         device = c.placement[i % len(c.placement)] if c.placement else self.device
         log_path = str(self.log_dir / f"server{i}.log")
         if c.backend == "embedded":
-            return ServerProcess(ServerProcess.Config(
-                model=model, dtype=self.dtype, seed=self.run_seed + i,
-                max_batch_size=c.max_batch_size, num_threads=c.num_threads,
-                startup_timeout_s=c.startup_timeout_s, log_path=log_path,
-                extra_args=["--device", device],
-            ))  # fmt: skip
+            return ServerProcess(
+                ServerProcess.Config(
+                    model=model,
+                    dtype=self.dtype,
+                    seed=self.run_seed + i,
+                    max_batch_size=c.max_batch_size,
+                    num_threads=c.num_threads,
+                    startup_timeout_s=c.startup_timeout_s,
+                    log_path=log_path,
+                    extra_args=["--device", device],
+                )
+            )
         gpu = device.partition(":")[2] if device.startswith("cuda") else ""
         python = c.python or sys.executable
         if c.backend == "vllm":
             from agentrl.inference.backends.vllm import VLLMServer
 
             env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
-            return VLLMServer(VLLMServer.Config(
-                model=model, dtype=self.dtype, seed=self.run_seed + i, python=python,
-                max_batch_size=c.max_batch_size, startup_timeout_s=c.startup_timeout_s,
-                log_path=log_path, extra_args=list(c.extra_args), env=env,
-            ))  # fmt: skip
+            return VLLMServer(
+                VLLMServer.Config(
+                    model=model,
+                    dtype=self.dtype,
+                    seed=self.run_seed + i,
+                    python=python,
+                    max_batch_size=c.max_batch_size,
+                    startup_timeout_s=c.startup_timeout_s,
+                    log_path=log_path,
+                    extra_args=list(c.extra_args),
+                    env=env,
+                )
+            )
         from agentrl.inference.backends.sglang import SGLangServer
 
         place = ["--base-gpu-id", gpu] if gpu else []
-        return SGLangServer(SGLangServer.Config(
-            model=model, dtype=self.dtype, seed=self.run_seed + i, python=python,
-            startup_timeout_s=c.startup_timeout_s, log_path=log_path,
-            extra_args=[*place, "--max-running-requests", str(c.max_batch_size), *c.extra_args],
-        ))  # fmt: skip
+        return SGLangServer(
+            SGLangServer.Config(
+                model=model,
+                dtype=self.dtype,
+                seed=self.run_seed + i,
+                python=python,
+                startup_timeout_s=c.startup_timeout_s,
+                log_path=log_path,
+                extra_args=[*place, "--max-running-requests", str(c.max_batch_size), *c.extra_args],
+            )
+        )
 
     def _weight_sync(self, client: SupervisedClient) -> WeightSync:
         c = self.cfg
         path = c.sync_path()
-        base = WeightSyncConfig(bucket_bytes=c.bucket_bytes, dtype=self.dtype,
-                                root=c.weights_dir or None)  # fmt: skip
+        base = WeightSyncConfig(
+            bucket_bytes=c.bucket_bytes, dtype=self.dtype, root=c.weights_dir or None
+        )
         kw = dataclasses.asdict(base)
         if path == "tensors":
             return HTTPTensorWeightSync(client, base)
@@ -265,8 +298,11 @@ class Fleet:
             except InferenceError:
                 if not await supervisor.check():
                     raise
-                logger.warning("a server died during the sync to version %d; pushing again "
-                               "to %s", version, sorted(client.backends))  # fmt: skip
+                logger.warning(
+                    "a server died during the sync to version %d; pushing again to %s",
+                    version,
+                    sorted(client.backends),
+                )
                 await self._push(named, version)
             targets = client.backends
             if not targets:
@@ -308,8 +344,9 @@ class Fleet:
                     f"restarted server {url} does not hold version {version} after a re-push: "
                     f"{sync.last_report.get(url)}"
                 )
-            logger.info("server %s rejoined at version %d (%s)", url, version,
-                        sync.last_report.get(url))  # fmt: skip
+            logger.info(
+                "server %s rejoined at version %d (%s)", url, version, sync.last_report.get(url)
+            )
 
     async def _same_as_peer(self, url: str, backend: str) -> None:
         """Version 0 and, where the backend serves checksums, the same ones as a routable peer."""
@@ -319,8 +356,10 @@ class Fleet:
         if backend == "vllm":
             sums = [await vllm_weight_digests(http, u) for u in [url, *peers[:1]]]
         else:
-            got = [await call(http, "GET", u + "/weights_checksum", params={"per_tensor": "0"})
-                   for u in [url, *peers[:1]]]  # fmt: skip
+            got = [
+                await call(http, "GET", u + "/weights_checksum", params={"per_tensor": "0"})
+                for u in [url, *peers[:1]]
+            ]
             if got[0].get("weight_version", 0) not in (0, "0", "default"):
                 raise InferenceError(f"restarted server {url} reports {got[0]['weight_version']}")
             sums = [g["checksum"] for g in got]
@@ -338,8 +377,10 @@ class Fleet:
         """``inference/server_restarts`` and friends (zeros before start)."""
         if self.supervisor is None:
             return {}
-        return {**self.supervisor.metrics(),
-                "inference/servers_routable": float(len(self.client.urls) if self.client else 0)}  # fmt: skip
+        return {
+            **self.supervisor.metrics(),
+            "inference/servers_routable": float(len(self.client.urls) if self.client else 0),
+        }
 
     def wait_for_servers(self, timeout_s: float = 600.0) -> None:
         """Block until no restart is under way (or ``timeout_s``)."""

@@ -185,10 +185,18 @@ def base_model(cfg: RunConfig) -> Path:
     path = cfg.run_dir / "base_model"
     if not (path / "config.json").is_file():
         t = cfg.model.tiny
-        make_tiny_model(path, arch=t.arch, hidden_size=t.hidden_size, num_layers=t.num_layers,  # type: ignore[arg-type]
-                        num_heads=t.num_heads, num_kv_heads=t.num_kv_heads,
-                        intermediate_size=t.intermediate_size or None, vocab_size=t.vocab_size,
-                        seed=cfg.seed if t.seed is None else t.seed, dtype="float32")  # fmt: skip
+        make_tiny_model(
+            path,
+            arch=t.arch,
+            hidden_size=t.hidden_size,
+            num_layers=t.num_layers,  # type: ignore[arg-type]
+            num_heads=t.num_heads,
+            num_kv_heads=t.num_kv_heads,
+            intermediate_size=t.intermediate_size or None,
+            vocab_size=t.vocab_size,
+            seed=cfg.seed if t.seed is None else t.seed,
+            dtype="float32",
+        )
     return path
 
 
@@ -221,8 +229,17 @@ def run_sft(cfg: RunConfig, model: Path, out: Path, *, num_threads: int) -> dict
     s = cfg.sft
     convs = load_conversations(s.dataset) if s.dataset else demonstrations(cfg.data, s.num_demos)
     segments = [conversation_segment(template, c) for c in convs]
-    engine_cfg = replace(cfg.engine, model_path=str(model), role="actor", lr=s.lr, lr_schedule=s.lr_schedule,
-                         warmup_steps=0, total_steps=s.steps, min_lr_ratio=0.1, seed=cfg.seed)  # fmt: skip
+    engine_cfg = replace(
+        cfg.engine,
+        model_path=str(model),
+        role="actor",
+        lr=s.lr,
+        lr_schedule=s.lr_schedule,
+        warmup_steps=0,
+        total_steps=s.steps,
+        min_lr_ratio=0.1,
+        seed=cfg.seed,
+    )
     pool = ResourcePool(pool_config(cfg))
     group = WorkerGroup(
         pool,
@@ -234,8 +251,13 @@ def run_sft(cfg: RunConfig, model: Path, out: Path, *, num_threads: int) -> dict
         },
         name="sft",
     )
-    log = MetricsLogger(replace(cfg.logging, console=False), out.parent / "sft_logs",
-                        name=cfg.name, job="sft", run_config=to_dict(cfg))  # fmt: skip
+    log = MetricsLogger(
+        replace(cfg.logging, console=False),
+        out.parent / "sft_logs",
+        name=cfg.name,
+        job="sft",
+        run_config=to_dict(cfg),
+    )
     last: list[dict[str, float]] = []
     try:
         batches = sft_batches(

@@ -92,9 +92,14 @@ class PolicyLoss:
         agg, mask = aggregation(spec.agg, mb), b.loss_mask
         is_w = b["is_weights"] if spec.is_weights else None
         loss, m = POLICY_LOSSES.get(spec.loss)(
-            logprobs, b["old_logprobs"], b["advantages"], mask, spec.loss_cfg, agg=agg,
+            logprobs,
+            b["old_logprobs"],
+            b["advantages"],
+            mask,
+            spec.loss_cfg,
+            agg=agg,
             is_weights=is_w,
-        )  # fmt: skip
+        )
         out: dict[str, float | torch.Tensor] = {f"train/{k}": v for k, v in m.items()}
         out["train/pg_loss"] = summed(loss.detach(), mb)
         if entropy is not None:
@@ -126,9 +131,13 @@ class CriticLoss:
         assert values is not None, "CriticLoss needs values (a critic engine)"
         b = mb.batch
         loss, m = value_loss(
-            values, b["values"], b["returns"], b.loss_mask, clip=self.spec.value_clip,
+            values,
+            b["values"],
+            b["returns"],
+            b.loss_mask,
+            clip=self.spec.value_clip,
             agg=aggregation(self.spec.agg, mb),
-        )  # fmt: skip
+        )
         out: dict[str, float | torch.Tensor] = {f"critic/{k}": v for k, v in m.items()}
         out["critic/vf_loss"] = summed(loss.detach(), mb)
         return loss, out

@@ -134,10 +134,16 @@ class ActorWorker(RefWorker):
         ``train/skipped_step`` and ``train/skipped_<reason>`` report the fraction skipped.
         """
         return [
-            run_epochs(self.engine, batch, PolicyLoss(spec), epochs=spec.epochs,
-                       num_mini_batches=spec.num_mini_batches, temperature=spec.temperature,
-                       with_entropy=True)
-        ]  # fmt: skip
+            run_epochs(
+                self.engine,
+                batch,
+                PolicyLoss(spec),
+                epochs=spec.epochs,
+                num_mini_batches=spec.num_mini_batches,
+                temperature=spec.temperature,
+                with_entropy=True,
+            )
+        ]
 
     @dispatch(Dispatch.DP_SPLIT)
     def sft_step(self, batch: TrainBatch) -> list[Metrics]:
@@ -162,6 +168,12 @@ class CriticWorker(EngineWorker):
     def update_critic(self, batch: TrainBatch, spec: CriticUpdate) -> list[Metrics]:
         """Needs fields ``values`` (old) and ``returns``."""
         return [
-            run_epochs(self.engine, batch, CriticLoss(spec), epochs=spec.epochs,
-                       num_mini_batches=spec.num_mini_batches, prefix="critic")
-        ]  # fmt: skip
+            run_epochs(
+                self.engine,
+                batch,
+                CriticLoss(spec),
+                epochs=spec.epochs,
+                num_mini_batches=spec.num_mini_batches,
+                prefix="critic",
+            )
+        ]

@@ -80,24 +80,35 @@ def init_process_group_bound(
     if rank == 0 and os.environ.get(AGENT_STORE_ENV) != str(True):
         sock = _take_reserved(master_addr, master_port) or _listen(master_addr, master_port)
         master_port = int(sock.getsockname()[1])
-        store = TCPStore(master_addr, master_port, world_size, is_master=True,
-                         timeout=store_timeout, master_listen_fd=sock.detach())  # fmt: skip
+        store = TCPStore(
+            master_addr,
+            master_port,
+            world_size,
+            is_master=True,
+            timeout=store_timeout,
+            master_listen_fd=sock.detach(),
+        )
     else:
         if master_port == 0:
             raise ConfigError(
                 f"rank {rank} was given master port 0; only rank 0 may pick its port. Pass "
                 "rank 0's real port (MASTER_PORT) to the other ranks."
             )
-        store = TCPStore(master_addr, master_port, world_size, is_master=False,
-                         timeout=store_timeout)  # fmt: skip
-    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size))  # fmt: skip
+        store = TCPStore(
+            master_addr, master_port, world_size, is_master=False, timeout=store_timeout
+        )
+    os.environ.update(
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+    )
     if _is_loopback(master_addr):
         _keep_transports_on_loopback(backend)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timeout)  # fmt: skip
-    logger.debug("rank %d/%d joined %s at %s:%d", rank, world_size, backend, master_addr,
-                 master_port)  # fmt: skip
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    logger.debug(
+        "rank %d/%d joined %s at %s:%d", rank, world_size, backend, master_addr, master_port
+    )
 
 
 def init_process_group_from_env(backend: str, timeout_s: float | None = None) -> None:

@@ -55,8 +55,10 @@ class ApiClient:
                 return await self.client().request(method, path, timeout=timeout, **kwargs)
             except httpx2.TransportError as e:
                 last = e
-        raise SandboxError(f"{self.url} did not answer {method} {path} after {self.retries + 1} "
-                           f"tries: {type(last).__name__}: {last}")  # fmt: skip
+        raise SandboxError(
+            f"{self.url} did not answer {method} {path} after {self.retries + 1} "
+            f"tries: {type(last).__name__}: {last}"
+        )
 
     async def aclose(self) -> None:
         clients, self._clients = list(self._clients.values()), {}

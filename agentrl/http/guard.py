@@ -154,8 +154,12 @@ class HttpGuard:
         if scope["path"] in self.config.public_paths:
             return None
         if self.config.token and not hmac.compare_digest(authorization or b"", self._expected):
-            return Refusal(401, "unauthorized", "missing or wrong bearer token: send "
-                           "'Authorization: Bearer <token>' with the server's token")  # fmt: skip
+            return Refusal(
+                401,
+                "unauthorized",
+                "missing or wrong bearer token: send "
+                "'Authorization: Bearer <token>' with the server's token",
+            )
         if self.authorize is not None and (refusal := self.authorize(scope)) is not None:
             return refusal
         if length is not None:
@@ -166,10 +170,13 @@ class HttpGuard:
         return None
 
     def too_large(self, scope: Scope, cap: int, size: str) -> Refusal:
-        return Refusal(413, "body_too_large",
-                       f"request body of {scope['method']} {scope['path']} is {size}; this route "
-                       f"takes at most {_size(cap)}: send less, or "
-                       f"{self.config.cap_hint}")  # fmt: skip
+        return Refusal(
+            413,
+            "body_too_large",
+            f"request body of {scope['method']} {scope['path']} is {size}; this route "
+            f"takes at most {_size(cap)}: send less, or "
+            f"{self.config.cap_hint}",
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and self.config.token:  # no body, but the same token

@@ -137,8 +137,9 @@ class TokenBucket:
 
     def __init__(self, rate_per_s: float, burst: int) -> None:
         if rate_per_s <= 0 or burst < 1:
-            raise ConfigError(f"rate limit needs rate_per_s > 0 and burst >= 1, got "
-                              f"{rate_per_s} and {burst}")  # fmt: skip
+            raise ConfigError(
+                f"rate limit needs rate_per_s > 0 and burst >= 1, got {rate_per_s} and {burst}"
+            )
         self.rate = rate_per_s
         self.burst = float(burst)
         self._tokens = float(burst)
@@ -203,8 +204,9 @@ class ServerThread:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
         import uvicorn
 
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                                loop=SERVER_LOOP)  # fmt: skip
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="on", loop=SERVER_LOOP
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="uvicorn")
         self.host = host

@@ -62,13 +62,41 @@ def serve(
         raise ConfigError(f"extra arguments {extra} are for --backend vllm or sglang only.")
     from agentrl.inference.server import main
 
-    main(["--model", str(path), "--port", str(port), "--host", host, "--dtype", dtype,
-          "--max-batch-size", str(max_batch_size), "--seed", str(seed), "--device", device,
-          "--num-threads", str(num_threads), "--log-level", log_level])  # fmt: skip
+    main(
+        [
+            "--model",
+            str(path),
+            "--port",
+            str(port),
+            "--host",
+            host,
+            "--dtype",
+            dtype,
+            "--max-batch-size",
+            str(max_batch_size),
+            "--seed",
+            str(seed),
+            "--device",
+            device,
+            "--num-threads",
+            str(num_threads),
+            "--log-level",
+            log_level,
+        ]
+    )
 
 
-def _exec_backend(backend: str, path: Path, python: str, port: int, host: str, dtype: str,
-                  max_batch_size: int, seed: int, extra: list[str]) -> None:  # fmt: skip
+def _exec_backend(
+    backend: str,
+    path: Path,
+    python: str,
+    port: int,
+    host: str,
+    dtype: str,
+    max_batch_size: int,
+    seed: int,
+    extra: list[str],
+) -> None:
     """Replace this process with the backend's server (signals reach it directly)."""
     import importlib.util
 
@@ -81,8 +109,15 @@ def _exec_backend(backend: str, path: Path, python: str, port: int, host: str, d
     from agentrl.inference.backends.sglang import SGLangServer
     from agentrl.inference.backends.vllm import VLLMServer, vllm_args, vllm_env
 
-    common = dict(model=str(path), host=host, port=port, seed=seed, python=python,
-                  max_batch_size=max_batch_size, extra_args=extra)  # fmt: skip
+    common = dict(
+        model=str(path),
+        host=host,
+        port=port,
+        seed=seed,
+        python=python,
+        max_batch_size=max_batch_size,
+        extra_args=extra,
+    )
     if backend == "vllm":
         cfg = VLLMServer.Config(dtype=dtype, **common)  # type: ignore[arg-type]
         argv = [python, "-m", "agentrl.inference.backends.vllm_entry", *vllm_args(cfg, port)]

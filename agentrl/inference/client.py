@@ -120,12 +120,15 @@ class InferenceClient:
         self._drained: set[str] = set()
         self.admissions = 0
         """How many times a drained server was put back (``admit``)."""
-        limits = httpx2.Limits(max_connections=self.cfg.max_connections,
-                              max_keepalive_connections=self.cfg.max_connections)  # fmt: skip
+        limits = httpx2.Limits(
+            max_connections=self.cfg.max_connections,
+            max_keepalive_connections=self.cfg.max_connections,
+        )
         timeout = httpx2.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s)
         key = self.cfg.api_key or os.environ.get("AGENTRL_INFERENCE_API_KEY", "")
-        self._http = httpx2.AsyncClient(limits=limits, timeout=timeout, trust_env=False,
-                                        headers=bearer_headers(key))  # fmt: skip
+        self._http = httpx2.AsyncClient(
+            limits=limits, timeout=timeout, trust_env=False, headers=bearer_headers(key)
+        )
         self._transport = make_transport(self.cfg.transport, self._http, self.cfg)
 
     @property
@@ -255,8 +258,11 @@ class InferenceClient:
     async def _each(self, fn: Callable[[_Server], Awaitable[T]]) -> dict[str, T]:
         """Run ``fn`` for every server concurrently; InferenceError naming each one that failed."""
         out = await asyncio.gather(*(fn(s) for s in self._servers), return_exceptions=True)
-        errors = [f"{s.url}: {o}" for s, o in zip(self._servers, out, strict=True)
-                  if isinstance(o, BaseException)]  # fmt: skip
+        errors = [
+            f"{s.url}: {o}"
+            for s, o in zip(self._servers, out, strict=True)
+            if isinstance(o, BaseException)
+        ]
         if errors:
             raise InferenceError("; ".join(errors))
         return {s.url: o for s, o in zip(self._servers, out, strict=True)}  # type: ignore[misc]
@@ -334,8 +340,9 @@ class InferenceClient:
         self._require("sglang", "/update_weights_from_tensor")
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         for blob in safetensors_buckets(items, bucket_bytes):
-            await self._post_all("/update_weights_from_tensor", content=blob, headers=_OCTETS,
-                                 params={"flush": "0"})  # fmt: skip
+            await self._post_all(
+                "/update_weights_from_tensor", content=blob, headers=_OCTETS, params={"flush": "0"}
+            )
         params = (
             {"flush": "1"} if version is None else {"flush": "1", "weight_version": str(version)}
         )
@@ -357,8 +364,12 @@ class InferenceClient:
                     f"{s.url}/weights_checksum -> {resp.status_code}: {error_message(resp)}"
                 )
             d = resp.json()
-            return WeightsChecksum(overall=d["checksum"], tensors=d.get("tensors", {}), dtype=d.get("dtype", ""),
-                                   weight_version=parse_weight_version(d.get("weight_version")))  # fmt: skip
+            return WeightsChecksum(
+                overall=d["checksum"],
+                tensors=d.get("tensors", {}),
+                dtype=d.get("dtype", ""),
+                weight_version=parse_weight_version(d.get("weight_version")),
+            )
 
         sums = await asyncio.gather(*(one(s) for s in self._servers))
         return dict(zip(self.urls, sums, strict=True))

@@ -79,11 +79,30 @@ class ServerProcess:
 
     def command(self) -> list[str]:
         c = self.cfg
-        return [sys.executable, "-m", "agentrl.inference.server", "--model", c.model,
-                "--host", c.host, "--port", str(self.port), "--dtype", c.dtype,
-                "--max-batch-size", str(c.max_batch_size), "--seed", str(c.seed),
-                "--num-threads", str(c.num_threads), "--log-level", "warning",
-                "--exit-with-parent", str(os.getpid()), *c.extra_args]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "agentrl.inference.server",
+            "--model",
+            c.model,
+            "--host",
+            c.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            c.dtype,
+            "--max-batch-size",
+            str(c.max_batch_size),
+            "--seed",
+            str(c.seed),
+            "--num-threads",
+            str(c.num_threads),
+            "--log-level",
+            "warning",
+            "--exit-with-parent",
+            str(os.getpid()),
+            *c.extra_args,
+        ]
 
     def start(self) -> ServerProcess:
         """Spawn and wait until healthy."""
@@ -100,9 +119,14 @@ class ServerProcess:
     def _popen(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                          env=self.environment())  # fmt: skip
+            self._proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=self.environment(),
+            )
 
     def restart(self) -> None:
         """Kill what is left of the server, start it again with the same command on the same
@@ -190,6 +214,10 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         return self.start() if self._proc is None else self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()

@@ -82,8 +82,13 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         except (ValueError, KeyError, TypeError):
             return m.group(0)
         arguments = args if isinstance(args, str) else json.dumps(args)
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": name, "arguments": arguments}})  # fmt: skip
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        )
         return ""
 
     content = TOOL_CALL_RE.sub(take, text).strip()
@@ -99,9 +104,15 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                 "stream=true is not supported by the embedded server; send stream=false."
             )
         state.check_prompt(ids)
-        sp = WireSamplingParams(max_new_tokens=max_tokens, temperature=req.temperature,
-                                top_p=req.top_p, top_k=req.top_k, stop=req.stop,
-                                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos)  # fmt: skip
+        sp = WireSamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+        )
         outs = []
         for i in range(req.n):
             seed = None if req.seed is None else req.seed + i
@@ -126,9 +137,21 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        return json_response({"object": "list", "data": [{
-            "id": state.model_name, "object": "model", "created": 0, "owned_by": "agentrl",
-            "root": state.engine.cfg.model, "max_model_len": state.engine.max_context}]})  # fmt: skip
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": state.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "agentrl",
+                        "root": state.engine.cfg.model,
+                        "max_model_len": state.engine.max_context,
+                    }
+                ],
+            }
+        )
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -164,14 +187,25 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                 choice["logprobs"] = {
                     "tokens": tok.convert_ids_to_tokens(res.output_ids),
                     "token_logprobs": res.output_logprobs,
-                    "top_logprobs": [{tok.convert_ids_to_tokens(t): lp for lp, t in row}
-                                     for row in res.top_logprobs or []] or None}  # fmt: skip
+                    "top_logprobs": [
+                        {tok.convert_ids_to_tokens(t): lp for lp, t in row}
+                        for row in res.top_logprobs or []
+                    ]
+                    or None,
+                }
             if req.return_token_ids:
                 choice.update(prompt_token_ids=ids, token_ids=res.output_ids)
             choices.append(choice)
-        return json_response({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                              "created": int(time.time()), "model": state.model_name,
-                              "choices": choices, "usage": usage(len(ids), results)})  # fmt: skip
+        return json_response(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": state.model_name,
+                "choices": choices,
+                "usage": usage(len(ids), results),
+            }
+        )
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -179,9 +213,13 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             req = parse_body(ChatRequest, await request.body())
             tools: Any = None if req.tool_choice == "none" else req.tools
             try:
-                rendered = tok.apply_chat_template(req.messages, tools=tools, tokenize=False,
-                                                   add_generation_prompt=True,
-                                                   **(req.chat_template_kwargs or {}))  # fmt: skip
+                rendered = tok.apply_chat_template(
+                    req.messages,
+                    tools=tools,
+                    tokenize=False,
+                    add_generation_prompt=True,
+                    **(req.chat_template_kwargs or {}),
+                )
             except Exception as exc:
                 raise ConfigError(
                     f"the chat template could not render these messages: {exc}"
@@ -196,11 +234,20 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             return error_response(str(exc))
         except RuntimeError as exc:
             return error_response(f"engine failed: {exc}", 500)
-        choices = [_chat_choice(i, res, *text_of(res, req.skip_special_tokens), req, ids, tok)
-                   for i, res in enumerate(results)]  # fmt: skip
-        return json_response({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                              "created": int(time.time()), "model": state.model_name,
-                              "choices": choices, "usage": usage(len(ids), results)})  # fmt: skip
+        choices = [
+            _chat_choice(i, res, *text_of(res, req.skip_special_tokens), req, ids, tok)
+            for i, res in enumerate(results)
+        ]
+        return json_response(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": state.model_name,
+                "choices": choices,
+                "usage": usage(len(ids), results),
+            }
+        )
 
 
 def _chat_choice(
@@ -220,10 +267,16 @@ def _chat_choice(
     }
     if req.logprobs:
         tops = res.top_logprobs or [[] for _ in res.output_ids]
-        choice["logprobs"] = {"content": [
-            {"token": tok.decode([t]), "logprob": lp,
-             "top_logprobs": [{"token": tok.decode([a]), "logprob": alp} for alp, a in row]}
-            for t, lp, row in zip(res.output_ids, res.output_logprobs, tops, strict=True)]}  # fmt: skip
+        choice["logprobs"] = {
+            "content": [
+                {
+                    "token": tok.decode([t]),
+                    "logprob": lp,
+                    "top_logprobs": [{"token": tok.decode([a]), "logprob": alp} for alp, a in row],
+                }
+                for t, lp, row in zip(res.output_ids, res.output_logprobs, tops, strict=True)
+            ]
+        }
     if req.return_token_ids:
         choice.update(prompt_token_ids=ids, token_ids=res.output_ids)
     return choice

@@ -22,8 +22,9 @@ def error_response(message: str, status: int = 400) -> Response:
 
 def update_failure(message: str, status: int = 400) -> Response:
     """The answer of a refused weight update: SGLang's ``success``/``message`` fields plus ours."""
-    return json_response({"success": False, "message": message, "error": {"message": message}},
-                         status)  # fmt: skip
+    return json_response(
+        {"success": False, "message": message, "error": {"message": message}}, status
+    )
 
 
 def parse_version(value: int | str | None) -> int | None:

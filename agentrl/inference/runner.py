@@ -135,8 +135,16 @@ class ModelRunner:
         self.weight_version = 0
         self.paused = False
         self.stats: dict[str, int] = dict.fromkeys(
-            ("prefill_forwards", "decode_steps", "batched_forwards", "max_batch_seen",
-             "requests_finished", "tokens_generated"), 0)  # fmt: skip
+            (
+                "prefill_forwards",
+                "decode_steps",
+                "batched_forwards",
+                "max_batch_seen",
+                "requests_finished",
+                "tokens_generated",
+            ),
+            0,
+        )
         self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._waiting: deque[RunnerRequest] = deque()
         self._batch: BatchState | None = None
@@ -198,8 +206,13 @@ class ModelRunner:
     def info(self) -> dict[str, Any]:
         batch = self._batch  # read once: the engine thread may replace it meanwhile
         running = batch.size if batch is not None else 0
-        return {**self.stats, "running": running, "waiting": len(self._waiting),
-                "paused": self.paused, "weight_version": self.weight_version}  # fmt: skip
+        return {
+            **self.stats,
+            "running": running,
+            "waiting": len(self._waiting),
+            "paused": self.paused,
+            "weight_version": self.weight_version,
+        }
 
     # ---- engine thread only (inside call()) ---------------------------------------------
     def abort_in_thread(self, rid: str | None, message: str) -> int:
@@ -270,8 +283,13 @@ class ModelRunner:
         if p.temperature > 0.0:
             seed = p.seed if p.seed is not None else (self.cfg.seed << 32) + next(self._seeds)
             gen = torch.Generator().manual_seed(seed)
-        req.row = RowSampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                              top_logprobs=p.top_logprobs, generator=gen)  # fmt: skip
+        req.row = RowSampling(
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            top_logprobs=p.top_logprobs,
+            generator=gen,
+        )
         self._by_rid[req.rid] = req
         self._waiting.append(req)
 
@@ -293,11 +311,22 @@ class ModelRunner:
             r.start_version = self.weight_version  # the version that makes its first token
         ids, mask, pos = prefill_inputs([r.input_ids for r in reqs], self.pad_id, self.cfg.device)
         cache = BatchState.new_cache(self.model)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})  # fmt: skip
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: cache},
+        )
         self._count_forward(len(reqs), "prefill_forwards")
-        batch = BatchState(reqs=reqs, cache=cache, mask=mask, next_pos=mask.sum(-1),
-                           last_tokens=ids.new_zeros(len(reqs)))  # fmt: skip
+        batch = BatchState(
+            reqs=reqs,
+            cache=cache,
+            mask=mask,
+            next_pos=mask.sum(-1),
+            last_tokens=ids.new_zeros(len(reqs)),
+        )
         fresh = self._advance(batch, out.logits[:, -1])
         if fresh is not None:
             self._batch = fresh if self._batch is None else self._batch.merge(fresh)
@@ -307,8 +336,13 @@ class ModelRunner:
         batch = self._batch
         assert batch is not None
         ids, mask, pos = batch.decode_inputs()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         use_cache=True, **{self._cache_kw: batch.cache})  # fmt: skip
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            **{self._cache_kw: batch.cache},
+        )
         batch.mask = mask
         batch.next_pos = batch.next_pos + 1
         self._count_forward(batch.size, "decode_steps")
@@ -370,11 +404,17 @@ class ModelRunner:
                 while mark is not None and mark[0] <= i:
                     v, mark = mark[1], next(marks, None)
                 versions.append(v)
-        return RunnerResult(rid=req.rid, output_ids=req.output_ids, output_logprobs=req.logprobs,
-                            finish_reason=reason, weight_version=self.weight_version,
-                            output_versions=versions, prompt_tokens=len(req.input_ids),
-                            top_logprobs=req.top if req.params.top_logprobs else None,
-                            error=error)  # fmt: skip
+        return RunnerResult(
+            rid=req.rid,
+            output_ids=req.output_ids,
+            output_logprobs=req.logprobs,
+            finish_reason=reason,
+            weight_version=self.weight_version,
+            output_versions=versions,
+            prompt_tokens=len(req.input_ids),
+            top_logprobs=req.top if req.params.top_logprobs else None,
+            error=error,
+        )
 
     def _finish(
         self, req: RunnerRequest, reason: dict[str, object], error: str | None = None
@@ -419,8 +459,11 @@ def _cache_keyword(model: Any) -> str:
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     ids: set[int] = set()
-    for source in (getattr(model.generation_config, "eos_token_id", None),
-                   model.config.eos_token_id, tokenizer.eos_token_id):  # fmt: skip
+    for source in (
+        getattr(model.generation_config, "eos_token_id", None),
+        model.config.eos_token_id,
+        tokenizer.eos_token_id,
+    ):
         if isinstance(source, int):
             ids.add(source)
         elif isinstance(source, list | tuple):

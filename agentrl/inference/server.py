@@ -59,10 +59,13 @@ def guard_config(
     api_key: str = "", *, max_body_bytes: int = 64 << 20, max_weight_body_bytes: int = 16 << 30
 ) -> HttpGuard.Config:
     """The inference server's guard: optional bearer token, body caps (weights get their own)."""
-    return HttpGuard.Config(token=api_key, max_body_bytes=max_body_bytes,
-                            route_caps={r: max_weight_body_bytes for r in WEIGHT_BODY_ROUTES},
-                            cap_hint="restart the server with a larger --max-body-mb "
-                            "(weight updates: --max-weight-body-mb)")  # fmt: skip
+    return HttpGuard.Config(
+        token=api_key,
+        max_body_bytes=max_body_bytes,
+        route_caps={r: max_weight_body_bytes for r in WEIGHT_BODY_ROUTES},
+        cap_hint="restart the server with a larger --max-body-mb "
+        "(weight updates: --max-weight-body-mb)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,11 +126,17 @@ class ServerState:
                 "their defaults or serve with SGLang/vLLM."
             )
         seed = sp.sampling_seed if sp.sampling_seed is not None else sp.seed
-        return RequestParams(max_new_tokens=sp.max_new_tokens, temperature=sp.temperature,
-                             top_p=sp.top_p, top_k=sp.top_k,
-                             stop_token_ids=frozenset(sp.stop_token_ids or ()),
-                             stop_strings=sp.stop_strings(), ignore_eos=sp.ignore_eos,
-                             seed=seed, top_logprobs=top_logprobs)  # fmt: skip
+        return RequestParams(
+            max_new_tokens=sp.max_new_tokens,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k,
+            stop_token_ids=frozenset(sp.stop_token_ids or ()),
+            stop_strings=sp.stop_strings(),
+            ignore_eos=sp.ignore_eos,
+            seed=seed,
+            top_logprobs=top_logprobs,
+        )
 
     def plan(self, req: GenerateRequest) -> tuple[list[Job], bool]:
         """Turn a request into engine jobs (and whether it was a single prompt, not a batch);
@@ -167,9 +176,16 @@ class ServerState:
             self.check_prompt(ids)
             sp = sps[i] or WireSamplingParams()
             rid = rids[i] or (uuid.uuid4().hex if single or req.rid is None else f"{req.rid}_{i}")
-            jobs.append(Job(rid=rid, input_ids=ids, params=self.request_params(sp, tops[i] or 0),
-                            return_logprob=bool(lps[i]), skip_special_tokens=sp.skip_special_tokens,
-                            no_stop_trim=sp.no_stop_trim))  # fmt: skip
+            jobs.append(
+                Job(
+                    rid=rid,
+                    input_ids=ids,
+                    params=self.request_params(sp, tops[i] or 0),
+                    return_logprob=bool(lps[i]),
+                    skip_special_tokens=sp.skip_special_tokens,
+                    no_stop_trim=sp.no_stop_trim,
+                )
+            )
         return jobs, single
 
     def respond(self, job: Job, res: RunnerResult, latency: float) -> dict[str, object]:
@@ -179,12 +195,18 @@ class ServerState:
         matched = res.finish_reason.get("matched")
         if isinstance(matched, str) and not job.no_stop_trim and matched in text:
             text = text[: text.index(matched)]
-        return generate_response(rid=res.rid, text=text, output_ids=res.output_ids,
-                                 finish_reason=res.finish_reason, prompt_tokens=res.prompt_tokens,
-                                 weight_version=res.weight_version, e2e_latency=latency,
-                                 output_logprobs=res.output_logprobs if job.return_logprob else None,
-                                 output_versions=res.output_versions,
-                                 top_logprobs=res.top_logprobs if job.return_logprob else None)  # fmt: skip
+        return generate_response(
+            rid=res.rid,
+            text=text,
+            output_ids=res.output_ids,
+            finish_reason=res.finish_reason,
+            prompt_tokens=res.prompt_tokens,
+            weight_version=res.weight_version,
+            e2e_latency=latency,
+            output_logprobs=res.output_logprobs if job.return_logprob else None,
+            output_versions=res.output_versions,
+            top_logprobs=res.top_logprobs if job.return_logprob else None,
+        )
 
 
 def _resolve(fut: asyncio.Future[RunnerResult], result: RunnerResult) -> None:
@@ -270,13 +292,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-threads", type=int, default=0)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--log-level", default="info")
-    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV, ""),
-                   help=f"bearer token every route but /health requires (default: ${API_KEY_ENV}; "
-                   "none: open to anyone who can reach the port)")  # fmt: skip
-    p.add_argument("--max-body-mb", type=float, default=64.0,
-                   help="largest request body; larger ones get 413 unread")  # fmt: skip
-    p.add_argument("--max-weight-body-mb", type=float, default=16384.0,
-                   help="largest /update_weights_from_tensor body (one safetensors bucket)")  # fmt: skip
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV, ""),
+        help=f"bearer token every route but /health requires (default: ${API_KEY_ENV}; "
+        "none: open to anyone who can reach the port)",
+    )
+    p.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=64.0,
+        help="largest request body; larger ones get 413 unread",
+    )
+    p.add_argument(
+        "--max-weight-body-mb",
+        type=float,
+        default=16384.0,
+        help="largest /update_weights_from_tensor body (one safetensors bucket)",
+    )
     p.add_argument(
         "--exit-with-parent",
         type=int,
@@ -297,14 +330,27 @@ def main(argv: list[str] | None = None) -> None:
         level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if not a.api_key and not is_loopback(a.host):
-        logger.warning("serving on %s without --api-key: anyone who can reach it can generate "
-                       "and replace the weights", a.host)  # fmt: skip
-    guard = guard_config(a.api_key, max_body_bytes=int(a.max_body_mb * (1 << 20)),
-                         max_weight_body_bytes=int(a.max_weight_body_mb * (1 << 20)))  # fmt: skip
-    engine = ModelRunner(ModelRunner.Config(model=a.model, dtype=a.dtype, device=a.device,
-                                  max_batch_size=a.max_batch_size,
-                                  max_prefill_tokens=a.max_prefill_tokens, seed=a.seed,
-                                  num_threads=a.num_threads))  # fmt: skip
+        logger.warning(
+            "serving on %s without --api-key: anyone who can reach it can generate "
+            "and replace the weights",
+            a.host,
+        )
+    guard = guard_config(
+        a.api_key,
+        max_body_bytes=int(a.max_body_mb * (1 << 20)),
+        max_weight_body_bytes=int(a.max_weight_body_mb * (1 << 20)),
+    )
+    engine = ModelRunner(
+        ModelRunner.Config(
+            model=a.model,
+            dtype=a.dtype,
+            device=a.device,
+            max_batch_size=a.max_batch_size,
+            max_prefill_tokens=a.max_prefill_tokens,
+            seed=a.seed,
+            num_threads=a.num_threads,
+        )
+    )
     engine.start()
     if a.exit_with_parent:
         _watch_parent(a.exit_with_parent)
@@ -315,8 +361,16 @@ def main(argv: list[str] | None = None) -> None:
         # uvicorn's 5 s default closes pooled connections that clients are about to reuse,
         # and thousands of concurrent rollouts then see dropped requests. The backlog absorbs
         # bursts of new connections.
-        uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, access_log=False,
-                    timeout_graceful_shutdown=5, timeout_keep_alive=900, backlog=4096)  # fmt: skip
+        uvicorn.run(
+            app,
+            host=a.host,
+            port=a.port,
+            log_level=a.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=900,
+            backlog=4096,
+        )
     finally:
         engine.shutdown()
 

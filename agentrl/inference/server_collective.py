@@ -85,17 +85,26 @@ class UpdateGroup:
         self.pg = self.store = None
 
 
-def join_update_group(*, address: str, port: int, rank: int, world_size: int, group_name: str,
-                      backend: str, timeout_s: float, listen_fd: int | None = None,
-                      ) -> UpdateGroup:  # fmt: skip
+def join_update_group(
+    *,
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    backend: str,
+    timeout_s: float,
+    listen_fd: int | None = None,
+) -> UpdateGroup:
     """Join (rank 0: create, serving the store on ``listen_fd``) the group ``group_name``.
     Store keys are laid out as torch's ``_new_process_group_helper`` lays them out (SGLang
     joins through it), so either side may be a real SGLang server. Blocks until all joined."""
     from torch.distributed import PrefixStore, TCPStore
 
     timeout = timedelta(seconds=timeout_s)
-    store = TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout,
-                     master_listen_fd=listen_fd)  # fmt: skip
+    store = TCPStore(
+        address, port, world_size, is_master=rank == 0, timeout=timeout, master_listen_fd=listen_fd
+    )
     device = "cuda" if backend == "nccl" else "cpu"
     keys = PrefixStore(f"{device}/", PrefixStore(f"{group_name}/", PrefixStore(group_name, store)))
     pg: Any
@@ -112,8 +121,9 @@ def join_update_group(*, address: str, port: int, rank: int, world_size: int, gr
         gloo._timeout = timeout
         gloo._devices = [ProcessGroupGloo.create_device(hostname=local_address(address))]
         pg = ProcessGroupGloo(keys, rank, world_size, gloo)
-    return UpdateGroup(name=group_name, rank=rank, world_size=world_size, backend=backend,
-                       pg=pg, store=store)  # fmt: skip
+    return UpdateGroup(
+        name=group_name, rank=rank, world_size=world_size, backend=backend, pg=pg, store=store
+    )
 
 
 def local_address(peer: str) -> str:
@@ -192,13 +202,20 @@ def model_mismatch(
     """Why the bucket cannot go into the model (unknown names, other shapes), or None."""
     unknown = [n for n, _, _ in plan if n not in model]
     if unknown:
-        return (f"{len(unknown)} tensor name(s) not in the served model, e.g. {unknown[:3]}; "
-                f"expected state_dict names such as {sorted(model)[:3]}.")  # fmt: skip
-    bad = [f"{n}: got {tuple(s)}, expected {tuple(model[n].shape)}"
-           for n, _, s in plan if tuple(s) != tuple(model[n].shape)]  # fmt: skip
+        return (
+            f"{len(unknown)} tensor name(s) not in the served model, e.g. {unknown[:3]}; "
+            f"expected state_dict names such as {sorted(model)[:3]}."
+        )
+    bad = [
+        f"{n}: got {tuple(s)}, expected {tuple(model[n].shape)}"
+        for n, _, s in plan
+        if tuple(s) != tuple(model[n].shape)
+    ]
     if bad:
-        return (f"shape mismatch for {len(bad)} tensor(s): {'; '.join(bad[:3])}. "
-                "The weights come from a different model configuration.")  # fmt: skip
+        return (
+            f"shape mismatch for {len(bad)} tensor(s): {'; '.join(bad[:3])}. "
+            "The weights come from a different model configuration."
+        )
     return None
 
 
@@ -244,25 +261,43 @@ def add_collective_routes(
             drop(req.group_name)  # re-init replaces the group of that name
             try:
                 group = await asyncio.to_thread(
-                    join_update_group, address=req.master_address, port=req.master_port,
-                    rank=req.rank_offset, world_size=req.world_size, group_name=req.group_name,
-                    backend=backend, timeout_s=req.timeout_s)  # fmt: skip
+                    join_update_group,
+                    address=req.master_address,
+                    port=req.master_port,
+                    rank=req.rank_offset,
+                    world_size=req.world_size,
+                    group_name=req.group_name,
+                    backend=backend,
+                    timeout_s=req.timeout_s,
+                )
             except Exception as exc:  # store or group failed: nothing was registered
                 return update_failure(
                     f"Failed to initialize weights update group {req.group_name!r}: {exc}"
                 )
             groups[req.group_name] = group
-        logger.info("joined weights update group %s as rank %d of %d (%s)", req.group_name,
-                    req.rank_offset, req.world_size, backend)  # fmt: skip
-        return json_response({"success": True, "message": f"joined {req.group_name!r} as rank "
-                              f"{req.rank_offset} of {req.world_size} ({backend})"})  # fmt: skip
+        logger.info(
+            "joined weights update group %s as rank %d of %d (%s)",
+            req.group_name,
+            req.rank_offset,
+            req.world_size,
+            backend,
+        )
+        return json_response(
+            {
+                "success": True,
+                "message": f"joined {req.group_name!r} as rank "
+                f"{req.rank_offset} of {req.world_size} ({backend})",
+            }
+        )
 
     def refuse(message: str, name: str) -> Response:
         """400 for an update whose broadcasts will not be received: the group is out of step."""
         if name in groups:
             drop(name)
-            message += (f" Nothing was received, so the group {name!r} was dropped; "
-                        "POST /init_weights_update_group again.")  # fmt: skip
+            message += (
+                f" Nothing was received, so the group {name!r} was dropped; "
+                "POST /init_weights_update_group again."
+            )
         return update_failure(message)
 
     @app.post("/update_weights_from_distributed")
@@ -274,8 +309,10 @@ def add_collective_routes(
             return refuse(str(exc), _group_of(body))
         group = groups.get(req.group_name)
         if group is None:
-            return update_failure(f"no weights update group {req.group_name!r} (known: {sorted(groups)}); "
-                           "POST /init_weights_update_group first.")  # fmt: skip
+            return update_failure(
+                f"no weights update group {req.group_name!r} (known: {sorted(groups)}); "
+                "POST /init_weights_update_group first."
+            )
         try:
             version = parse_version(req.weight_version)
             plan = receive_plan(req)
@@ -289,17 +326,21 @@ def add_collective_routes(
             except Exception as exc:  # timeout, or rank 0 went away: the group is out of step
                 if groups.get(req.group_name) is group:
                     drop(req.group_name)
-                return update_failure(f"receiving {len(plan)} tensor(s) from rank 0 of "
-                               f"{req.group_name!r} failed ({exc}); the group was dropped and "
-                               "the weights are unchanged: POST /init_weights_update_group "
-                               "again.", 500)  # fmt: skip
+                return update_failure(
+                    f"receiving {len(plan)} tensor(s) from rank 0 of "
+                    f"{req.group_name!r} failed ({exc}); the group was dropped and "
+                    "the weights are unchanged: POST /init_weights_update_group "
+                    "again.",
+                    500,
+                )
         if wrong is not None:
             return update_failure(
                 f"{wrong} The bucket was received and discarded; nothing was applied."
             )
         new = await apply(named, version, req.abort_all_requests)
-        return json_response({"success": True, "message": f"applied {len(named)} tensors",
-                              "weight_version": new})  # fmt: skip
+        return json_response(
+            {"success": True, "message": f"applied {len(named)} tensors", "weight_version": new}
+        )
 
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(request: Request) -> Response:
@@ -308,8 +349,9 @@ def add_collective_routes(
         except ConfigError as exc:
             return update_failure(str(exc))
         if req.group_name not in groups:
-            return update_failure(f"no weights update group {req.group_name!r} to destroy "
-                           f"(known: {sorted(groups)}).")  # fmt: skip
+            return update_failure(
+                f"no weights update group {req.group_name!r} to destroy (known: {sorted(groups)})."
+            )
         drop(req.group_name)
         return json_response({"success": True, "message": f"destroyed {req.group_name!r}"})
 

@@ -172,8 +172,14 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
                 new = await apply(named, version, req.abort_all_requests)
         except ConfigError as exc:
             return update_failure(str(exc))
-        return json_response({"success": True, "message": f"loaded {len(named)} tensors from {req.model_path}",
-                              "num_paused_requests": 0, "weight_version": new})  # fmt: skip
+        return json_response(
+            {
+                "success": True,
+                "message": f"loaded {len(named)} tensors from {req.model_path}",
+                "num_paused_requests": 0,
+                "weight_version": new,
+            }
+        )
 
     @app.post("/update_weights_from_tensor")
     async def update_from_tensor(request: Request) -> Response:
@@ -181,7 +187,9 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
             return error_response(
                 "JSON serialized_named_tensors (SGLang's in-process format) is not accepted over "
                 "HTTP; POST safetensors bytes from agentrl.inference.weights.safetensors_buckets() "
-                "with Content-Type application/octet-stream.", 415)  # fmt: skip
+                "with Content-Type application/octet-stream.",
+                415,
+            )
         try:
             version = parse_version(request.query_params.get("weight_version"))
             named = await asyncio.to_thread(load_safetensors_bytes, await read_body(request))
@@ -189,15 +197,22 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
             async with lock:
                 staged.update(named)
                 if not _flag(request, "flush", True):
-                    return json_response({"success": True, "message": "staged", "staged_tensors": len(staged),
-                                          "weight_version": engine.weight_version})  # fmt: skip
+                    return json_response(
+                        {
+                            "success": True,
+                            "message": "staged",
+                            "staged_tensors": len(staged),
+                            "weight_version": engine.weight_version,
+                        }
+                    )
                 batch = dict(staged)
                 staged.clear()
                 new = await apply(batch, version, _flag(request, "abort_all_requests", False))
         except ConfigError as exc:
             return update_failure(str(exc))
-        return json_response({"success": True, "message": f"applied {len(batch)} tensors",
-                              "weight_version": new})  # fmt: skip
+        return json_response(
+            {"success": True, "message": f"applied {len(batch)} tensors", "weight_version": new}
+        )
 
     @app.post("/update_weights_from_ipc")
     async def update_from_ipc(request: Request) -> Response:
@@ -213,8 +228,13 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
             return update_failure(str(exc))
         n = len(named)
         del named  # drops the mapping of the trainer's memory
-        return json_response({"success": True, "message": f"applied {n} tensors from {req.path}",
-                              "weight_version": new})  # fmt: skip
+        return json_response(
+            {
+                "success": True,
+                "message": f"applied {n} tensors from {req.path}",
+                "weight_version": new,
+            }
+        )
 
     @app.get("/weights_checksum")
     async def weights_checksum(request: Request) -> Response:
@@ -284,18 +304,34 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/get_model_info")
     async def get_model_info() -> Response:
-        return json_response({"model_path": engine.cfg.model, "tokenizer_path": engine.cfg.model,
-                              "served_model_name": state.model_name, "is_generation": True,
-                              "weight_version": engine.weight_version, "vocab_size": engine.vocab_size,
-                              "max_context_length": engine.max_context, "dtype": engine.cfg.dtype})  # fmt: skip
+        return json_response(
+            {
+                "model_path": engine.cfg.model,
+                "tokenizer_path": engine.cfg.model,
+                "served_model_name": state.model_name,
+                "is_generation": True,
+                "weight_version": engine.weight_version,
+                "vocab_size": engine.vocab_size,
+                "max_context_length": engine.max_context,
+                "dtype": engine.cfg.dtype,
+            }
+        )
 
     @app.get("/get_server_info")
     async def get_server_info() -> Response:
         cfg = engine.cfg
-        return json_response({"backend": "embedded", "model_path": cfg.model, "dtype": cfg.dtype,
-                              "device": cfg.device, "max_batch_size": cfg.max_batch_size,
-                              "max_prefill_tokens": cfg.max_prefill_tokens, "seed": cfg.seed,
-                              "engine": engine.info()})  # fmt: skip
+        return json_response(
+            {
+                "backend": "embedded",
+                "model_path": cfg.model,
+                "dtype": cfg.dtype,
+                "device": cfg.device,
+                "max_batch_size": cfg.max_batch_size,
+                "max_prefill_tokens": cfg.max_prefill_tokens,
+                "seed": cfg.seed,
+                "engine": engine.info(),
+            }
+        )
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:

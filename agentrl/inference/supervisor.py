@@ -166,14 +166,22 @@ class ServerSupervisor:
         if url in self.restarting or url in self.failed:
             return  # a concurrent check() got there first
         server = self.servers[url]
-        why = (f"exited with code {server.returncode}" if not server.alive()
-               else f"failed {self._misses[url]} health checks")  # fmt: skip
+        why = (
+            f"exited with code {server.returncode}"
+            if not server.alive()
+            else f"failed {self._misses[url]} health checks"
+        )
         self.client.drain(url)
         self._misses[url] = 0
         if self._per_server[url] >= self.cfg.max_restarts:
             self.failed.add(url)
-            logger.error("inference server %s %s; it was restarted %d times already (max_restarts)"
-                         ", leaving it out", url, why, self._per_server[url])  # fmt: skip
+            logger.error(
+                "inference server %s %s; it was restarted %d times already (max_restarts)"
+                ", leaving it out",
+                url,
+                why,
+                self._per_server[url],
+            )
             self._admitted.fire()
             return
         logger.warning("inference server %s %s; restarting it (log: %s)", url, why, server.log_path)
@@ -186,21 +194,31 @@ class ServerSupervisor:
                 await asyncio.to_thread(server.restart)
                 await self.rejoin(url)
             except Exception as exc:
-                logger.warning("restart %d/%d of %s failed: %s", attempt, c.restart_attempts, url,
-                               str(exc)[:2000])  # fmt: skip
+                logger.warning(
+                    "restart %d/%d of %s failed: %s",
+                    attempt,
+                    c.restart_attempts,
+                    url,
+                    str(exc)[:2000],
+                )
                 if attempt < c.restart_attempts:
                     await asyncio.sleep(c.backoff_s * 2 ** (attempt - 1))
                 continue
             self._per_server[url] += 1
             self.restarts += 1
             self.client.admit(url)
-            logger.warning("inference server %s is back (pid %s) and routed to again", url,
-                           server.pid)  # fmt: skip
+            logger.warning(
+                "inference server %s is back (pid %s) and routed to again", url, server.pid
+            )
             self._admitted.fire()
             return
         self.failed.add(url)
-        logger.error("gave up on inference server %s after %d restart attempts; see %s", url,
-                     c.restart_attempts, server.log_path)  # fmt: skip
+        logger.error(
+            "gave up on inference server %s after %d restart attempts; see %s",
+            url,
+            c.restart_attempts,
+            server.log_path,
+        )
         self._admitted.fire()
 
     async def wait_for_rejoin(self) -> bool:

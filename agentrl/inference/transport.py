@@ -63,9 +63,13 @@ class AiohttpTransport(Transport):
     """aiohttp, one session per running event loop."""
 
     def __init__(
-        self, *, max_connections: int, timeout_s: float, connect_timeout_s: float,
+        self,
+        *,
+        max_connections: int,
+        timeout_s: float,
+        connect_timeout_s: float,
         headers: Mapping[str, str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._max_connections = max_connections
         self._headers = {**_JSON, **(headers or {})}  # every request (+ the bearer token)
         # Like httpx2.Timeout(timeout_s, connect=connect_timeout_s): timeout_s bounds the wait
@@ -148,8 +152,12 @@ def make_transport(name: str, http: httpx2.AsyncClient, cfg: InferenceClient.Con
     """The transport called ``name``, sized and timed by the client's config."""
     if name == "aiohttp":
         auth = {k: v for k, v in http.headers.items() if k.lower() == "authorization"}
-        return AiohttpTransport(max_connections=cfg.max_connections, timeout_s=cfg.timeout_s,
-                                connect_timeout_s=cfg.connect_timeout_s, headers=auth)  # fmt: skip
+        return AiohttpTransport(
+            max_connections=cfg.max_connections,
+            timeout_s=cfg.timeout_s,
+            connect_timeout_s=cfg.connect_timeout_s,
+            headers=auth,
+        )
     if name == "httpx2":
         return Httpx2Transport(http)
     raise ConfigError(

@@ -61,8 +61,12 @@ class WeightsChecksum:
     kind: str = "sha256"
 
     def to_dict(self) -> dict[str, object]:
-        return {"checksum": self.overall, "tensors": self.tensors, "dtype": self.dtype,
-                "kind": self.kind}  # fmt: skip
+        return {
+            "checksum": self.overall,
+            "tensors": self.tensors,
+            "dtype": self.dtype,
+            "kind": self.kind,
+        }
 
 
 def tensor_checksum(tensor: torch.Tensor, kind: ChecksumKind = "sha256") -> str:
@@ -253,10 +257,20 @@ def _parts(tensors: Mapping[str, torch.Tensor]) -> list[bytes | memoryview]:
 
 
 # torch dtype <-> safetensors dtype name (the format's spec: huggingface/safetensors README).
-_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
-              torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
-              torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
-              torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}  # fmt: skip
+_ST_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+}
 _TORCH_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
 
 
@@ -273,8 +287,11 @@ def safetensors_parts(tensors: Mapping[str, torch.Tensor]) -> list[bytes | memor
     for name in order:
         t = tensors[name]
         nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + nbytes]}  # fmt: skip
+        header[name] = {
+            "dtype": _ST_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         if nbytes:
             parts.append(t.reshape(-1).view(torch.uint8).numpy().data)
         offset += nbytes

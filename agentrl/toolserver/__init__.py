@@ -18,8 +18,12 @@ if TYPE_CHECKING:
 
 __all__ = ["RemoteToolSession", "RemoteToolSet", "SchemaTool", "ToolServer"]
 
-_WHERE = {"RemoteToolSession": "client", "RemoteToolSet": "client", "SchemaTool": "client",
-          "ToolServer": "server"}  # fmt: skip
+_WHERE = {
+    "RemoteToolSession": "client",
+    "RemoteToolSet": "client",
+    "SchemaTool": "client",
+    "ToolServer": "server",
+}
 
 
 def __getattr__(name: str) -> object:

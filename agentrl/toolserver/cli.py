@@ -74,11 +74,17 @@ def tools_serve(
 
     check_bind(host, token, token_env=TOKEN_ENV, serves="run tools")
     config = ToolServer.Config(
-        token=token, sandbox=sandbox, call_timeout_s=call_timeout, rate_per_s=rate, burst=burst,
-        session_ttl_s=session_ttl, pool=SandboxPool.Config(max_active=max_sandboxes),
+        token=token,
+        sandbox=sandbox,
+        call_timeout_s=call_timeout,
+        rate_per_s=rate,
+        burst=burst,
+        session_ttl_s=session_ttl,
+        pool=SandboxPool.Config(max_active=max_sandboxes),
         max_body_bytes=int(max_body_mb * (1 << 20)),
-    )  # fmt: skip
+    )
     server = build_server(load_toolset(factory), config)
     logger.info("serving %r on http://%s:%d", server.tools, host, port)
-    uvicorn.run(server.app(), host=host, port=port, log_level="warning", access_log=False,
-                loop=SERVER_LOOP)  # fmt: skip
+    uvicorn.run(
+        server.app(), host=host, port=port, log_level="warning", access_log=False, loop=SERVER_LOOP
+    )

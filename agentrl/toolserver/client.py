@@ -76,8 +76,9 @@ def _json_or_raise(r: httpx2.Response, url: str) -> Any:
         return r.json()
     kind, msg = api_error(r)
     if r.status_code == 401:
-        raise ToolError(f"tool server {url} refused the token ({msg}); pass token= or set "
-                        f"{TOKEN_ENV}")  # fmt: skip
+        raise ToolError(
+            f"tool server {url} refused the token ({msg}); pass token= or set {TOKEN_ENV}"
+        )
     if kind in ("tool_error", "bad_request", "wrong_session_token", "body_too_large"):
         raise ToolError(f"tool server {url}: {msg}")
     raise SandboxError(f"tool server {url}: {kind}: {msg}")
@@ -86,8 +87,13 @@ def _json_or_raise(r: httpx2.Response, url: str) -> Any:
 class _Http:
     def __init__(self, config: RemoteToolSet.Config) -> None:
         token = config.token or os.environ.get(TOKEN_ENV, "")
-        self.api = ApiClient(config.url, token, timeout_s=config.timeout_s,
-                             retries=config.retries, backoff_s=config.retry_backoff_s)  # fmt: skip
+        self.api = ApiClient(
+            config.url,
+            token,
+            timeout_s=config.timeout_s,
+            retries=config.retries,
+            backoff_s=config.retry_backoff_s,
+        )
         self.headers = self.api.headers
 
     async def request(
@@ -120,13 +126,20 @@ class RemoteToolSession(ToolSet):
             raise SandboxError(f"tool session {self.session_id} is closed")
         # a fresh id per call, reused by this call's retries (tool_call.id may repeat: some
         # models write their own call ids)
-        body = {"name": tool_call.name, "arguments": tool_call.arguments,
-                "request_id": uuid.uuid4().hex}  # fmt: skip
-        out = await self._http.request("POST", f"/sessions/{self.session_id}/call", body,
-                                       self._token)  # fmt: skip
+        body = {
+            "name": tool_call.name,
+            "arguments": tool_call.arguments,
+            "request_id": uuid.uuid4().hex,
+        }
+        out = await self._http.request(
+            "POST", f"/sessions/{self.session_id}/call", body, self._token
+        )
         meta = out.get("metadata") or {}
-        return ToolResult(content=str(out["content"]), is_error=bool(out["is_error"]),
-                          metadata=meta if isinstance(meta, dict) else {"value": meta})  # fmt: skip
+        return ToolResult(
+            content=str(out["content"]),
+            is_error=bool(out["is_error"]),
+            metadata=meta if isinstance(meta, dict) else {"value": meta},
+        )
 
     async def aclose(self) -> None:
         if self.closed:
@@ -175,8 +188,9 @@ class RemoteToolSet(ToolSet):
 
     def _loaded(self) -> None:
         if self._schemas is None:  # sync callers (chat templates): one blocking fetch
-            with httpx2.Client(base_url=self.config.url, headers=self._http.headers,
-                              timeout=self.config.timeout_s) as c:  # fmt: skip
+            with httpx2.Client(
+                base_url=self.config.url, headers=self._http.headers, timeout=self.config.timeout_s
+            ) as c:
                 self._set_schemas(_json_or_raise(c.get("/tools"), self.config.url))
 
     def schemas(self) -> list[JSON]:
@@ -210,8 +224,13 @@ class RemoteToolSet(ToolSet):
         if self._schemas is None:
             await self.refresh()
         out = await self._http.request("POST", "/sessions")
-        return RemoteToolSession(self._http, str(out["session_id"]), self._schemas or [],
-                                 self.name, str(out.get("session_token") or ""))  # fmt: skip
+        return RemoteToolSession(
+            self._http,
+            str(out["session_id"]),
+            self._schemas or [],
+            self.name,
+            str(out.get("session_token") or ""),
+        )
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[RemoteToolSession]:

@@ -78,8 +78,13 @@ class ToolStats:
 
     def to_json(self) -> JSON:
         mean = self.latency_s_sum / self.calls if self.calls else 0.0
-        return {"calls": self.calls, "errors": self.errors, "timeouts": self.timeouts,
-                "latency_s_mean": mean, "latency_s_max": self.latency_s_max}  # fmt: skip
+        return {
+            "calls": self.calls,
+            "errors": self.errors,
+            "timeouts": self.timeouts,
+            "latency_s_mean": mean,
+            "latency_s_max": self.latency_s_max,
+        }
 
 
 @dataclass(eq=False)
@@ -138,8 +143,13 @@ class ToolServer:
             logger.warning("tools %s take a sandbox but sandbox='none'", tools.names)
         self.sessions: dict[str, Session] = {}
         self.stats: dict[str, ToolStats] = {}
-        self.counters = {"sessions_opened": 0, "sessions_closed": 0, "sessions_expired": 0,
-                         "rate_limited": 0, "replayed": 0}  # fmt: skip
+        self.counters = {
+            "sessions_opened": 0,
+            "sessions_closed": 0,
+            "sessions_expired": 0,
+            "rate_limited": 0,
+            "replayed": 0,
+        }
         self._reaper: asyncio.Task[None] | None = None
         self._pending = 0  # sessions waiting for a sandbox
 
@@ -168,11 +178,15 @@ class ToolServer:
     async def reap(self) -> int:
         """Close sessions idle longer than ``session_ttl_s``; returns how many."""
         now = time.monotonic()
-        old = [s.id for s in self.sessions.values()
-               if s.busy == 0 and now - s.last_used > self.config.session_ttl_s]  # fmt: skip
+        old = [
+            s.id
+            for s in self.sessions.values()
+            if s.busy == 0 and now - s.last_used > self.config.session_ttl_s
+        ]
         for sid in old:
-            logger.info("tool session %s idle for over %.0fs; closing it", sid,
-                        self.config.session_ttl_s)  # fmt: skip
+            logger.info(
+                "tool session %s idle for over %.0fs; closing it", sid, self.config.session_ttl_s
+            )
             await self.close_session(sid)
         self.counters["sessions_expired"] += len(old)
         return len(old)
@@ -180,12 +194,18 @@ class ToolServer:
     # --- sessions --------------------------------------------------------------------------
     async def open_session(self) -> Session:
         if len(self.sessions) + self._pending >= self.config.max_sessions:
-            raise ApiError(503, "too_many_sessions",
-                           f"{len(self.sessions)} sessions are open (max_sessions); close some "
-                           "with DELETE /sessions/{id}")  # fmt: skip
+            raise ApiError(
+                503,
+                "too_many_sessions",
+                f"{len(self.sessions)} sessions are open (max_sessions); close some "
+                "with DELETE /sessions/{id}",
+            )
         c = self.config
-        s = Session(id=uuid.uuid4().hex, bucket=TokenBucket(c.rate_per_s, c.burst),
-                    cache=ReplayCache(c.replay_cache))  # fmt: skip
+        s = Session(
+            id=uuid.uuid4().hex,
+            bucket=TokenBucket(c.rate_per_s, c.burst),
+            cache=ReplayCache(c.replay_cache),
+        )
         if self.pool is not None:
             self._pending += 1
             try:
@@ -212,9 +232,12 @@ class ToolServer:
     def session(self, session_id: str) -> Session:
         s = self.sessions.get(session_id)
         if s is None:
-            raise ApiError(404, "unknown_session",
-                           f"no session {session_id!r}: it was closed or idle longer than "
-                           f"{self.config.session_ttl_s:g}s; open a new one with POST /sessions")  # fmt: skip
+            raise ApiError(
+                404,
+                "unknown_session",
+                f"no session {session_id!r}: it was closed or idle longer than "
+                f"{self.config.session_ttl_s:g}s; open a new one with POST /sessions",
+            )
         return s
 
     # --- calls -----------------------------------------------------------------------------
@@ -230,18 +253,24 @@ class ToolServer:
             wait = s.bucket.take()
             if wait:
                 self.counters["rate_limited"] += 1
-                msg = (f"Error: rate limit: this session may make {self.config.rate_per_s:g} "
-                       f"tool calls per second; try again in {wait:.1f}s.")  # fmt: skip
-                return ToolResult(content=msg, is_error=True,
-                                  metadata={"error": "rate_limited", "retry_after_s": wait}), False  # fmt: skip
+                msg = (
+                    f"Error: rate limit: this session may make {self.config.rate_per_s:g} "
+                    f"tool calls per second; try again in {wait:.1f}s."
+                )
+                return ToolResult(
+                    content=msg,
+                    is_error=True,
+                    metadata={"error": "rate_limited", "retry_after_s": wait},
+                ), False
             return await s.cache.run(req.request_id, lambda: self._run(s, req)), False
         finally:
             s.busy -= 1
             s.last_used = time.monotonic()
 
     async def _run(self, s: Session, req: CallRequest) -> ToolResult:
-        stats = self.stats.setdefault(req.name if req.name in self.tools else "(unknown)",
-                                      ToolStats())  # fmt: skip
+        stats = self.stats.setdefault(
+            req.name if req.name in self.tools else "(unknown)", ToolStats()
+        )
         timeout = self.config.tool_timeouts_s.get(req.name, self.config.call_timeout_s)
         tc = ToolCall(name=req.name, arguments=req.arguments, id=req.request_id or uuid.uuid4().hex)
         injected = {"sandbox": s.sandbox} if s.sandbox is not None else {}
@@ -251,8 +280,11 @@ class ToolServer:
                 result = await self.tools.call(tc, **injected)
         except TimeoutError:
             stats.timeouts += 1
-            result = ToolResult(content=f"Error: tool {req.name!r} timed out after {timeout:g}s.",
-                                is_error=True, metadata={"error": "timeout"})  # fmt: skip
+            result = ToolResult(
+                content=f"Error: tool {req.name!r} timed out after {timeout:g}s.",
+                is_error=True,
+                metadata={"error": "timeout"},
+            )
         except SandboxError as e:
             stats.errors += 1
             raise ApiError(502, "sandbox_error", str(e)) from e
@@ -294,8 +326,11 @@ class ToolServer:
         install_error_handlers(app)
         app.get("/health")(lambda: {"ok": True, "tools": len(self.tools)})
         app.include_router(self._router())
-        guard = HttpGuard.Config(token=self.config.token, max_body_bytes=self.config.max_body_bytes,
-                                 cap_hint="raise ToolServer.Config.max_body_bytes")  # fmt: skip
+        guard = HttpGuard.Config(
+            token=self.config.token,
+            max_body_bytes=self.config.max_body_bytes,
+            cap_hint="raise ToolServer.Config.max_body_bytes",
+        )
         app.add_middleware(HttpGuard, config=guard, authorize=self._authorize)
         return app
 
@@ -307,9 +342,12 @@ class ToolServer:
         s = self.sessions.get(parts[2])
         if s is None or tokens_equal(header(scope, SESSION_HEADER.lower().encode()), s.token):
             return None  # unknown sessions get the app's 404
-        return Refusal(403, "wrong_session_token",
-                       f"session {parts[2]} was opened by another client: send the "
-                       f"session_token that POST /sessions returned in {SESSION_HEADER}")  # fmt: skip
+        return Refusal(
+            403,
+            "wrong_session_token",
+            f"session {parts[2]} was opened by another client: send the "
+            f"session_token that POST /sessions returned in {SESSION_HEADER}",
+        )
 
     def _router(self) -> APIRouter:
         r = APIRouter()
@@ -330,8 +368,12 @@ class ToolServer:
         @r.post("/sessions/{session_id}/call")
         async def call(session_id: str, req: CallRequest) -> Response:
             result, replayed = await self.call(session_id, req)
-            body = {"content": result.content, "is_error": result.is_error,
-                    "metadata": result.metadata, "replayed": replayed}  # fmt: skip
+            body = {
+                "content": result.content,
+                "is_error": result.is_error,
+                "metadata": result.metadata,
+                "replayed": replayed,
+            }
             return Response(json.dumps(body, default=str), media_type="application/json")
 
         @r.get("/metrics")
@@ -344,7 +386,9 @@ class ToolServer:
 def build_server(tools: ToolSet, config: ToolServer.Config) -> ToolServer:
     """A ToolServer, checking the config first."""
     if config.call_timeout_s <= 0 or any(v <= 0 for v in config.tool_timeouts_s.values()):
-        raise ConfigError(f"timeouts must be > 0, got call_timeout_s={config.call_timeout_s}, "
-                          f"tool_timeouts_s={config.tool_timeouts_s}")  # fmt: skip
+        raise ConfigError(
+            f"timeouts must be > 0, got call_timeout_s={config.call_timeout_s}, "
+            f"tool_timeouts_s={config.tool_timeouts_s}"
+        )
     TokenBucket(config.rate_per_s, config.burst)  # validates the rate limit
     return ToolServer(tools, config)

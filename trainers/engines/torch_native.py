@@ -332,8 +332,12 @@ class TorchEngine(Engine):
         reason = skip_reason(norm_value)
         if reason is not None:
             log = logger.info if reason == "zero_grad" else logger.warning
-            log("skipping the optimizer update at step %d: %s (grad norm %s)",
-                self.step, SKIP_REASONS[reason], norm_value)  # fmt: skip
+            log(
+                "skipping the optimizer update at step %d: %s (grad norm %s)",
+                self.step,
+                SKIP_REASONS[reason],
+                norm_value,
+            )
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)

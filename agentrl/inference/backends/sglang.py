@@ -52,14 +52,23 @@ class SGLangDialect(Dialect):
         self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
     ) -> bytes:
         return json.dumps(
-            {"input_ids": input_ids, "sampling_params": self._sampling_dict(sampling),
-             "return_logprob": return_logprob}, separators=(",", ":")).encode()  # fmt: skip
+            {
+                "input_ids": input_ids,
+                "sampling_params": self._sampling_dict(sampling),
+                "return_logprob": return_logprob,
+            },
+            separators=(",", ":"),
+        ).encode()
 
     def _sampling_dict(self, s: SamplingParams) -> dict[str, Any]:
         d = self._sp_cache.get(s)
         if d is None:
-            d = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-                 "top_p": s.top_p, "top_k": s.top_k}  # fmt: skip
+            d = {
+                "max_new_tokens": s.max_new_tokens,
+                "temperature": s.temperature,
+                "top_p": s.top_p,
+                "top_k": s.top_k,
+            }
             if s.stop_token_ids:
                 d["stop_token_ids"] = list(s.stop_token_ids)
             if s.seed is not None:
@@ -130,9 +139,21 @@ class SGLangServer(ServerProcess):
 
     def command(self) -> list[str]:
         c = self.cfg
-        cmd = [c.python, "-m", "sglang.launch_server", "--model-path", c.model,
-               "--host", c.host, "--port", str(self.port), "--dtype", c.dtype,
-               "--random-seed", str(c.seed)]  # fmt: skip
+        cmd = [
+            c.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            c.model,
+            "--host",
+            c.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            c.dtype,
+            "--random-seed",
+            str(c.seed),
+        ]
         if c.mem_fraction_static is not None:
             cmd += ["--mem-fraction-static", str(c.mem_fraction_static)]
         return [*cmd, *c.extra_args]

@@ -70,9 +70,13 @@ class VLLMDialect(Dialect):
         return f'{{"token_ids":{ids},"output_mode":"tokens","sampling_params":{sp}}}'.encode()
 
     def _sampling_json(self, s: SamplingParams, return_logprob: bool) -> str:
-        d: dict[str, Any] = {"max_tokens": s.max_new_tokens, "temperature": s.temperature,
-                             "top_p": s.top_p, "top_k": max(s.top_k, 0),
-                             "detokenize": False}  # fmt: skip
+        d: dict[str, Any] = {
+            "max_tokens": s.max_new_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": max(s.top_k, 0),
+            "detokenize": False,
+        }
         if return_logprob:
             d["logprobs"] = 0  # the sampled token's logprob only
         if s.stop_token_ids:
@@ -116,8 +120,9 @@ class VLLMDialect(Dialect):
         )
 
     async def pause(self, http: httpx2.AsyncClient, url: str, mode: PauseMode) -> None:
-        await call(http, "POST", url + "/pause",
-                   params={"mode": "abort" if mode == "abort" else "keep"})  # fmt: skip
+        await call(
+            http, "POST", url + "/pause", params={"mode": "abort" if mode == "abort" else "keep"}
+        )
 
     async def resume(self, http: httpx2.AsyncClient, url: str) -> None:
         await call(http, "POST", url + "/resume")
@@ -129,8 +134,12 @@ class VLLMDialect(Dialect):
         self, http: httpx2.AsyncClient, url: str, path: str, version: int | None
     ) -> int:
         new = version if version is not None else await self.weight_version(http, url) + 1
-        await call(http, "POST", url + "/collective_rpc",
-                   json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}})  # fmt: skip
+        await call(
+            http,
+            "POST",
+            url + "/collective_rpc",
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
+        )
         await self.set_weight_version(http, url, new)
         return new
 
@@ -178,8 +187,12 @@ class VLLMServer(ServerProcess):
         """The url with its dialect prefix, for ``InferenceClient``."""
 
     def command(self) -> list[str]:
-        return [self.cfg.python, "-m", "agentrl.inference.backends.vllm_entry", *vllm_args(
-            self.cfg, self.port)]  # fmt: skip
+        return [
+            self.cfg.python,
+            "-m",
+            "agentrl.inference.backends.vllm_entry",
+            *vllm_args(self.cfg, self.port),
+        ]
 
     def environment(self) -> dict[str, str]:
         return {**os.environ, **vllm_env(), **self.cfg.env}
@@ -211,10 +224,26 @@ def vllm_env() -> dict[str, str]:
 
 def vllm_args(cfg: VLLMServer.Config, port: int) -> list[str]:
     """vLLM server flags for a config (``--model`` ... then ``extra_args`` verbatim)."""
-    args = ["--model", cfg.model, "--host", cfg.host, "--port", str(port), "--dtype", cfg.dtype,
-            "--seed", str(cfg.seed), "--max-num-seqs", str(cfg.max_batch_size),
-            "--logprobs-mode", cfg.logprobs_mode, "--enable-scale-out",
-            "--disable-log-stats", "--uvicorn-log-level", "warning"]  # fmt: skip
+    args = [
+        "--model",
+        cfg.model,
+        "--host",
+        cfg.host,
+        "--port",
+        str(port),
+        "--dtype",
+        cfg.dtype,
+        "--seed",
+        str(cfg.seed),
+        "--max-num-seqs",
+        str(cfg.max_batch_size),
+        "--logprobs-mode",
+        cfg.logprobs_mode,
+        "--enable-scale-out",
+        "--disable-log-stats",
+        "--uvicorn-log-level",
+        "warning",
+    ]
     if cfg.weight_transfer_backend:
         args += ["--weight-transfer-config", json.dumps({"backend": cfg.weight_transfer_backend})]
     if cfg.kv_cache_memory_bytes is not None:
@@ -230,9 +259,11 @@ def vllm_args(cfg: VLLMServer.Config, port: int) -> list[str]:
 
 # vLLM fuses these HF tensors into one parameter (Llama, Qwen2, Mistral and similar models):
 # fused suffix -> the HF suffixes concatenated along dim 0, in order.
-FUSED = {".qkv_proj.weight": (".q_proj.weight", ".k_proj.weight", ".v_proj.weight"),
-         ".qkv_proj.bias": (".q_proj.bias", ".k_proj.bias", ".v_proj.bias"),
-         ".gate_up_proj.weight": (".gate_proj.weight", ".up_proj.weight")}  # fmt: skip
+FUSED = {
+    ".qkv_proj.weight": (".q_proj.weight", ".k_proj.weight", ".v_proj.weight"),
+    ".qkv_proj.bias": (".q_proj.bias", ".k_proj.bias", ".v_proj.bias"),
+    ".gate_up_proj.weight": (".gate_proj.weight", ".up_proj.weight"),
+}
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (TP = 1)
 _PART = {
     part: (fused, i, len(parts)) for fused, parts in FUSED.items() for i, part in enumerate(parts)

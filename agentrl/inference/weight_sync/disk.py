@@ -85,8 +85,12 @@ class DiskWeightSync(WeightSync):
         """One round of vLLM's weight-transfer protocol with the agentrl_file engine."""
         http = self.client.http
         if (url, root) not in self._vllm_roots:
-            await call(http, "POST", url + "/init_weight_transfer_engine",
-                       json={"init_info": {"root": str(root)}})  # fmt: skip
+            await call(
+                http,
+                "POST",
+                url + "/init_weight_transfer_engine",
+                json={"init_info": {"root": str(root)}},
+            )
             self._vllm_roots.add((url, root))
         await call(http, "POST", url + "/start_weight_update")
         for f in files:

@@ -133,8 +133,10 @@ class SGLangWeightSync(DiskWeightSync):
         body: dict[str, object] = {
             "names": [n for n, _ in bucket],
             "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-            "shapes": [list(t.shape) for _, t in bucket], "group_name": self.cfg.group_name,
-            "flush_cache": last}  # fmt: skip
+            "shapes": [list(t.shape) for _, t in bucket],
+            "group_name": self.cfg.group_name,
+            "flush_cache": last,
+        }
         if last:
             body["weight_version"] = str(version)
         urls, http, nccl = self.client.urls, self.client.http, self.cfg.backend == "nccl"
@@ -147,7 +149,9 @@ class SGLangWeightSync(DiskWeightSync):
         t0 = time.perf_counter()
         results = await asyncio.gather(
             *(call(http, "POST", u + "/update_weights_from_distributed", json=body) for u in urls),
-            asyncio.to_thread(broadcast), return_exceptions=True)  # fmt: skip
+            asyncio.to_thread(broadcast),
+            return_exceptions=True,
+        )
         self.times.load_s += time.perf_counter() - t0
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
@@ -161,19 +165,41 @@ class SGLangWeightSync(DiskWeightSync):
         if c.backend not in ("nccl", "gloo"):
             raise ConfigError(f"SGLangSyncConfig.backend must be nccl or gloo, got {c.backend!r}.")
         if c.backend == "nccl" and not torch.cuda.is_available():
-            raise ConfigError("backend nccl broadcasts CUDA tensors and this trainer has no "
-                              "GPU; use backend='gloo' (CPU) or mode='disk'.")  # fmt: skip
+            raise ConfigError(
+                "backend nccl broadcasts CUDA tensors and this trainer has no "
+                "GPU; use backend='gloo' (CPU) or mode='disk'."
+            )
         world = 1 + len(urls) * c.ranks_per_server
         sock = listen_socket(
             c.master_address, c.master_port, purpose="the weights update group (set master_port)"
         )
-        join = partial(join_update_group, address=c.master_address, port=c.master_port, rank=0,
-                       world_size=world, group_name=c.group_name, backend=c.backend,
-                       timeout_s=c.group_timeout_s, listen_fd=sock.detach())  # fmt: skip
-        posts = [call(self.client.http, "POST", u + "/init_weights_update_group", json={
-            "master_address": c.master_address, "master_port": c.master_port,
-            "rank_offset": 1 + i * c.ranks_per_server, "world_size": world,
-            "group_name": c.group_name, "backend": c.backend}) for i, u in enumerate(urls)]  # fmt: skip
+        join = partial(
+            join_update_group,
+            address=c.master_address,
+            port=c.master_port,
+            rank=0,
+            world_size=world,
+            group_name=c.group_name,
+            backend=c.backend,
+            timeout_s=c.group_timeout_s,
+            listen_fd=sock.detach(),
+        )
+        posts = [
+            call(
+                self.client.http,
+                "POST",
+                u + "/init_weights_update_group",
+                json={
+                    "master_address": c.master_address,
+                    "master_port": c.master_port,
+                    "rank_offset": 1 + i * c.ranks_per_server,
+                    "world_size": world,
+                    "group_name": c.group_name,
+                    "backend": c.backend,
+                },
+            )
+            for i, u in enumerate(urls)
+        ]
         joined = asyncio.ensure_future(asyncio.to_thread(join))
         try:
             await asyncio.gather(*posts)
@@ -195,8 +221,13 @@ class SGLangWeightSync(DiskWeightSync):
             body = {"group_name": self.cfg.group_name}
             for url in self.client.urls:
                 try:
-                    await call(self.client.http, "POST", url + "/destroy_weights_update_group",
-                               json=body, timeout=10.0)  # fmt: skip
+                    await call(
+                        self.client.http,
+                        "POST",
+                        url + "/destroy_weights_update_group",
+                        json=body,
+                        timeout=10.0,
+                    )
                 except InferenceError as exc:
                     logger.warning("destroying the update group on %s failed: %s", url, exc)
             self._drop_group()
@@ -218,16 +249,25 @@ class SGLangWeightSync(DiskWeightSync):
         self._checksums[url] = False
         matched, bad = 0, []
         for name, rows in self._samples.items():
-            got = await call(http, "POST", url + "/get_weights_by_name",
-                             json={"name": name, "truncate_size": rows.shape[0]})  # fmt: skip
+            got = await call(
+                http,
+                "POST",
+                url + "/get_weights_by_name",
+                json={"name": name, "truncate_size": rows.shape[0]},
+            )
             served = torch.tensor(got, dtype=torch.float32).reshape(rows.shape)
             if torch.allclose(served, rows, atol=1e-2, rtol=1e-2):
                 matched += 1
             else:
                 bad.append(name)
         v = await make_dialect("sglang").weight_version(http, url)
-        return ServerReport(matched=matched, mismatched=bad, unverifiable=0, version=v,
-                            ok=matched > 0 and not bad and v == self.version)  # fmt: skip
+        return ServerReport(
+            matched=matched,
+            mismatched=bad,
+            unverifiable=0,
+            version=v,
+            ok=matched > 0 and not bad and v == self.version,
+        )
 
 
 def _close_late(fut: asyncio.Future[UpdateGroup]) -> None:

@@ -69,8 +69,10 @@ class VLLMWeightSync(WeightSync):
         super().__init__(client, cfg or VLLMSyncConfig())
         not_vllm = [u for u, b in client.backends.items() if b != "vllm"]
         if not_vllm:
-            raise ConfigError(f"VLLMWeightSync needs vLLM servers; {not_vllm[0]} is not one "
-                              "(give its url as 'vllm+http://...').")  # fmt: skip
+            raise ConfigError(
+                f"VLLMWeightSync needs vLLM servers; {not_vllm[0]} is not one "
+                "(give its url as 'vllm+http://...')."
+            )
         self._inited: set[str] = set()  # servers whose engine knows our root
         self._trainer_engine: Any = None  # vLLM's NCCLTrainerWeightTransferEngine
 
@@ -93,8 +95,9 @@ class VLLMWeightSync(WeightSync):
     ) -> None:
         urls, mode = list(targets), self.cfg.pause_mode
         if mode:
-            await asyncio.gather(*(call(self.client.http, "POST", u + "/pause",
-                                        params={"mode": mode}) for u in urls))  # fmt: skip
+            await asyncio.gather(
+                *(call(self.client.http, "POST", u + "/pause", params={"mode": mode}) for u in urls)
+            )
         try:
             if self.cfg.vllm_engine == "nccl":
                 await asyncio.to_thread(self._send_nccl, list(named), urls)
@@ -142,8 +145,11 @@ class VLLMWeightSync(WeightSync):
     async def _load(self, urls: list[str], path: Path, names: list[str]) -> None:
         t0 = time.perf_counter()
         try:
-            await self._each(urls, "/update_weights",
-                             {"update_info": {"path": str(path), "names": sorted(names)}})  # fmt: skip
+            await self._each(
+                urls,
+                "/update_weights",
+                {"update_info": {"path": str(path), "names": sorted(names)}},
+            )
         except InferenceError as exc:
             raise InferenceError(f"loading {path.name} ({len(names)} tensors): {exc}") from exc
         finally:
@@ -166,8 +172,12 @@ class VLLMWeightSync(WeightSync):
             raise ConfigError("VLLMWeightSync(engine='nccl') drives one server per instance.")
         if self._trainer_engine is None or urls[0] not in self._inited:
             c = self.cfg
-            info = NCCLTrainerInitInfo(master_address=c.master_address, master_port=c.master_port,
-                                       world_size=1 + c.ranks_per_server, rank=0)  # fmt: skip
+            info = NCCLTrainerInitInfo(
+                master_address=c.master_address,
+                master_port=c.master_port,
+                world_size=1 + c.ranks_per_server,
+                rank=0,
+            )
             self._trainer_engine = WeightTransferTrainerFactory.trainer_init(
                 info, client=HTTPVLLMWeightSyncClient(urls[0]), source=Source()
             )

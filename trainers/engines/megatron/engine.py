@@ -106,8 +106,9 @@ class MegatronEngine(Engine):
         if parallel is not None:
             import warnings
 
-            warnings.warn("MegatronEngine(parallel=...) is now options=...", DeprecationWarning,
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(
+                "MegatronEngine(parallel=...) is now options=...", DeprecationWarning, stacklevel=2
+            )
         self.config = config
         self.parallel = options or parallel or MegatronConfig()
         self.step = 0
