@@ -187,9 +187,9 @@ def base_model(cfg: RunConfig) -> Path:
         t = cfg.model.tiny
         make_tiny_model(
             path,
-            arch=t.arch,
+            arch=t.arch,  # type: ignore[arg-type]
             hidden_size=t.hidden_size,
-            num_layers=t.num_layers,  # type: ignore[arg-type]
+            num_layers=t.num_layers,
             num_heads=t.num_heads,
             num_kv_heads=t.num_kv_heads,
             intermediate_size=t.intermediate_size or None,
