@@ -8,10 +8,11 @@
 
 For each target: exec latency for ``echo hi``, ``python3 -c pass`` and ``ls /`` (p50/p99 over
 ``--n`` runs in one sandbox per target; the runs are interleaved, round by round, over all
-targets, so a shared machine's load falls on every target alike), then create latency, the
-first exec after create and destroy latency (``--creates`` rounds, interleaved the same way),
-then concurrent exec throughput (``--sandboxes`` fresh sandboxes, ``--per-sandbox``
-``echo hi`` each, all at once; this includes each sandbox's first exec), target after target.
+targets, every other round in reverse order, so a shared machine's load falls on every
+target alike), then create latency, the first exec after create and destroy latency
+(``--creates`` rounds, interleaved the same way), then concurrent exec throughput
+(``--sandboxes`` fresh sandboxes, ``--per-sandbox`` ``echo hi`` each, all at once; this
+includes each sandbox's first exec), target after target.
 Every target runs with the same ``PATH``, the one the local sandbox gives its commands
 (``/usr/local/sbin:...:/bin``): the benchmark sets it before anything starts, and exports it
 again in SWE-ReX's session (its bash runs in a pty, so it is interactive and reads
@@ -446,10 +447,11 @@ def failed(t: Target, e: Exception) -> str:
 async def create_rounds(targets: list[Target], results: dict[str, Result], rounds: int,
                         skipped: list[str]) -> None:  # fmt: skip
     """Create, one command, destroy: ``rounds`` rounds, each over every target in turn, so
-    that load falls on all of them alike (as in ``exec_rounds``)."""
+    that load falls on all of them alike (as in ``exec_rounds``, every other round in reverse
+    order)."""
     broken: set[str] = set()
-    for _ in range(rounds):
-        for t in targets:
+    for i in range(rounds):
+        for t in targets if i % 2 == 0 else targets[::-1]:
             if t.name not in results or t.name in broken:
                 continue
             res = results[t.name]
@@ -478,7 +480,10 @@ async def concurrent(t: Target, res: Result, sandboxes: int, per_sandbox: int) -
 async def exec_rounds(targets: list[Target], results: dict[str, Result], n: int,
                       skipped: list[str]) -> None:  # fmt: skip
     """One sandbox per target, all open at once; ``n`` rounds, each timing every command once
-    on every target in turn, so that the load of a shared machine falls on all of them alike."""
+    on every target in turn, so that the load of a shared machine falls on all of them alike.
+    Every other round runs the targets in reverse order: no target always follows the same
+    one (the work docker leaves its daemon after an exec or a removal slowed whichever target
+    came next, and with a fixed order that was always ``local``)."""
     live: dict[str, tuple[Target, Any]] = {}
     try:
         for t in targets:
@@ -494,8 +499,9 @@ async def exec_rounds(targets: list[Target], results: dict[str, Result], n: int,
             except Exception as e:  # report it; measure the others
                 skipped.append(failed(t, e))
                 results.pop(t.name, None)
-        for _ in range(n):
-            for name, (t, sb) in list(live.items()):
+        for i in range(n):
+            pairs = list(live.items())
+            for name, (t, sb) in pairs if i % 2 == 0 else pairs[::-1]:
                 if name not in results:
                     continue
                 try:
