@@ -97,8 +97,16 @@ def free_port() -> int:
 def start(target: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     if target == "guard":
-        argv = [sys.executable, "-c", SERVE_GUARD, "tests.toolserver.toolsets:basic_toolset",
-                "--sandbox", "none", "--port", str(port)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-c",
+            SERVE_GUARD,
+            "tests.toolserver.toolsets:basic_toolset",
+            "--sandbox",
+            "none",
+            "--port",
+            str(port),
+        ]
     else:
         argv = [sys.executable, __file__, "--serve", target, str(port)]
     env = {**os.environ, "AGENTRL_TOOL_TOKEN": TOKEN}
@@ -162,9 +170,14 @@ def measure(target: str, a: argparse.Namespace) -> dict[str, float]:
         proc.terminate()
         proc.wait(30)
     lat.sort()
-    return {"rss_before": before, "rss_after": after, "refuse_p50": statistics.median(refused or [0.0]),
-            "refuse_max": max(refused, default=0.0), "call_p50_ms": lat[len(lat) // 2] * 1e3,
-            "call_p99_ms": lat[int(len(lat) * 0.99)] * 1e3}  # fmt: skip
+    return {
+        "rss_before": before,
+        "rss_after": after,
+        "refuse_p50": statistics.median(refused or [0.0]),
+        "refuse_max": max(refused, default=0.0),
+        "call_p50_ms": lat[len(lat) // 2] * 1e3,
+        "call_p99_ms": lat[int(len(lat) * 0.99)] * 1e3,
+    }
 
 
 def inprocess_cost(n: int) -> dict[str, float]:
@@ -179,10 +192,18 @@ def inprocess_cost(n: int) -> dict[str, float]:
         await send({"type": "http.response.body", "body": b"{}"})
 
     body = b'{"name": "echo", "arguments": {"text": "hi"}}'
-    scope = {"type": "http", "method": "POST", "path": "/sessions/s/call", "headers": [
-        (b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()), (b"authorization", f"Bearer {TOKEN}".encode()),
-        (SESSION_HEADER.lower().encode(), b"session-token")]}  # fmt: skip
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/sessions/s/call",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"authorization", f"Bearer {TOKEN}".encode()),
+            (SESSION_HEADER.lower().encode(), b"session-token"),
+        ],
+    }
 
     def session_check(scope: Any) -> None:
         tokens_equal(header(scope, SESSION_HEADER.lower().encode()), "session-token")
@@ -227,13 +248,18 @@ def main() -> None:
 
         sys.path.insert(0, str(ROOT))
         app = baseline_app() if a.serve[0] == "dependency" else unguarded_app()
-        uvicorn.run(app, host="127.0.0.1", port=int(a.serve[1]), log_level="warning",
-                    loop="asyncio")  # fmt: skip
+        uvicorn.run(
+            app, host="127.0.0.1", port=int(a.serve[1]), log_level="warning", loop="asyncio"
+        )
         return
-    print(f"{a.bodies} unauthenticated bodies of {a.mb} MiB; {a.calls} authenticated small "
-          f"calls; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
-    print(f"{'target':<12}{'peak RSS MB':>18}{'refused in s (p50, max)':>26}"
-          f"{'call ms (p50, p99)':>22}")  # fmt: skip
+    print(
+        f"{a.bodies} unauthenticated bodies of {a.mb} MiB; {a.calls} authenticated small "
+        f"calls; load average {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"{'target':<12}{'peak RSS MB':>18}{'refused in s (p50, max)':>26}"
+        f"{'call ms (p50, p99)':>22}"
+    )
     for target in a.targets.split(","):
         m = measure(target, a)
         rss = f"{m['rss_before']:.0f} -> {m['rss_after']:.0f}"

@@ -40,10 +40,18 @@ GOAL = 1.0  # ours no slower than the baseline
 async def _batch(
     client: InferenceClient, args: argparse.Namespace, template: ChatTemplate, seed: int
 ) -> tuple[float, float]:
-    cfg = CollectorConfig(group_size=args.group_size, max_turns=3, max_tokens=192,
-                          max_new_tokens=24, agent="tool_calling", temperature=1.0)  # fmt: skip
-    samples = [Sample(env_id="arith/Calculator-v0", seed=seed * 1000 + i, env_kwargs={"digits": 1})
-               for i in range(args.groups)]  # fmt: skip
+    cfg = CollectorConfig(
+        group_size=args.group_size,
+        max_turns=3,
+        max_tokens=192,
+        max_new_tokens=24,
+        agent="tool_calling",
+        temperature=1.0,
+    )
+    samples = [
+        Sample(env_id="arith/Calculator-v0", seed=seed * 1000 + i, env_kwargs={"digits": 1})
+        for i in range(args.groups)
+    ]
     collector = RolloutCollector(cfg, client, template)
     start = time.perf_counter()
     groups = [g async for g in collector.stream(samples)]
@@ -55,8 +63,10 @@ async def _run(
     url: str, args: argparse.Namespace, template: ChatTemplate
 ) -> dict[str, list[tuple[float, float]]]:
     """One long-lived client per transport (as a run's Fleet keeps one), batches alternating."""
-    clients = {name: InferenceClient([url], InferenceClient.Config(transport=name))
-               for name in (OURS, BASELINE)}  # fmt: skip
+    clients = {
+        name: InferenceClient([url], InferenceClient.Config(transport=name))
+        for name in (OURS, BASELINE)
+    }
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
     try:
         for client in clients.values():
@@ -87,35 +97,52 @@ def main() -> None:
         p.error(
             f"--batches must be >= 4 for quartiles (30 or more is the habit), got {args.batches}"
         )
-    model = make_tiny_model(Path(tempfile.mkdtemp(prefix="agentrl-bench-")) / "model",
-                            arch="qwen2", hidden_size=128, num_layers=2, num_heads=4,
-                            num_kv_heads=2)  # fmt: skip
+    model = make_tiny_model(
+        Path(tempfile.mkdtemp(prefix="agentrl-bench-")) / "model",
+        arch="qwen2",
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+    )
     template = ChatTemplate.from_pretrained(model)
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
-    cfg = ServerProcess.Config(model=str(model), dtype=dtype, max_batch_size=256,
-                               extra_args=["--device", args.device])  # fmt: skip
+    cfg = ServerProcess.Config(
+        model=str(model), dtype=dtype, max_batch_size=256, extra_args=["--device", args.device]
+    )
     with ServerProcess(cfg) as server:
         results = asyncio.run(_run(server.url, args, template))
     n = args.groups * args.group_size
-    print(f"{n} tool-calling rollouts per batch, one embedded server on {args.device}, "
-          f"{args.batches} batches per transport")  # fmt: skip
+    print(
+        f"{n} tool-calling rollouts per batch, one embedded server on {args.device}, "
+        f"{args.batches} batches per transport"
+    )
     print(f"{'transport':10} {'median':>8} {'IQR (q1-q3)':>14} {'range':>14} {'llm_time/traj':>14}")
     stats = {}
     for name, rows in results.items():
         walls = [w for w, _ in rows]
         q1, q2, q3 = stats[name] = _quartiles(walls)
         llm = statistics.mean(t for _, t in rows)
-        print(f"{name:10} {q2:7.2f}s {q1:6.2f}-{q3:.2f}s {min(walls):6.2f}-{max(walls):.2f}s "
-              f"{llm:13.2f}s")  # fmt: skip
+        print(
+            f"{name:10} {q2:7.2f}s {q1:6.2f}-{q3:.2f}s {min(walls):6.2f}-{max(walls):.2f}s "
+            f"{llm:13.2f}s"
+        )
     for name, rows in results.items():
         print(f"{name} batches (s): " + " ".join(f"{w:.2f}" for w, _ in rows))
     (b1, b2, b3), (o1, o2, o3) = stats[BASELINE], stats[OURS]
-    print(json.dumps({
-        "benchmark": f"rollout_batch: median wall of one {n}-rollout batch, {args.batches} "
-                     f"batches per transport, server on {args.device}",
-        "baseline": f"httpx2 transport {b2:.2f} s (IQR {b1:.2f}-{b3:.2f})",
-        "ours": f"aiohttp transport {o2:.2f} s (IQR {o1:.2f}-{o3:.2f})",
-        "ratio": round(b2 / o2, 2), "goal": f">= {GOAL:g}", "met": b2 / o2 >= GOAL}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": f"rollout_batch: median wall of one {n}-rollout batch, {args.batches} "
+                f"batches per transport, server on {args.device}",
+                "baseline": f"httpx2 transport {b2:.2f} s (IQR {b1:.2f}-{b3:.2f})",
+                "ours": f"aiohttp transport {o2:.2f} s (IQR {o1:.2f}-{o3:.2f})",
+                "ratio": round(b2 / o2, 2),
+                "goal": f">= {GOAL:g}",
+                "met": b2 / o2 >= GOAL,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -66,13 +66,20 @@ SAMPLING = SamplingParams(max_new_tokens=24, temperature=1.0, stop_token_ids=(2,
 # ---- 1. the client against a canned server --------------------------------------------------
 def _canned_body() -> bytes:
     ids = list(range(100, 124))
-    resp = generate_response(rid="canned", text="x" * 24, output_ids=ids,
-                             finish_reason=finish_reason_dict("length", length=24),
-                             prompt_tokens=len(PROMPT), weight_version=0, e2e_latency=0.001,
-                             output_logprobs=[-1.234567 - i / 100 for i in range(24)])  # fmt: skip
+    resp = generate_response(
+        rid="canned",
+        text="x" * 24,
+        output_ids=ids,
+        finish_reason=finish_reason_dict("length", length=24),
+        prompt_tokens=len(PROMPT),
+        weight_version=0,
+        e2e_latency=0.001,
+        output_logprobs=[-1.234567 - i / 100 for i in range(24)],
+    )
     body = json.dumps(resp, separators=(",", ":")).encode()
-    head = (f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    head = (
+        f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
     return head + body
 
 
@@ -123,9 +130,20 @@ Send = Callable[[int], Awaitable[object]]
 
 
 def _body() -> bytes:
-    return json.dumps({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 24,
-                       "temperature": 1.0, "top_p": 1.0, "top_k": -1, "stop_token_ids": [2]},
-                       "return_logprob": True}, separators=(",", ":")).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "input_ids": PROMPT,
+            "sampling_params": {
+                "max_new_tokens": 24,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "top_k": -1,
+                "stop_token_ids": [2],
+            },
+            "return_logprob": True,
+        },
+        separators=(",", ":"),
+    ).encode()
 
 
 _HEADERS = {"content-type": "application/json"}
@@ -159,8 +177,9 @@ async def _client_round(
         # the baseline is the fastest way to use the library, not its defaults.
         conn = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0)
         generate = yarl.URL(url + "/generate", encoded=True)
-        async with aiohttp.ClientSession(connector=conn, auto_decompress=False,
-                                         skip_auto_headers=("User-Agent",)) as session:  # fmt: skip
+        async with aiohttp.ClientSession(
+            connector=conn, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        ) as session:
 
             async def send_aiohttp(i: int) -> object:
                 async with session.post(generate, data=_body(), headers=_HEADERS) as r:
@@ -170,8 +189,9 @@ async def _client_round(
 
             return await _measure(send_aiohttp, args)
     if name == "raw httpx2":
-        limits = httpx2.Limits(max_connections=MAX_CONNECTIONS,
-                               max_keepalive_connections=MAX_CONNECTIONS)  # fmt: skip
+        limits = httpx2.Limits(
+            max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS
+        )
         async with httpx2.AsyncClient(limits=limits, timeout=600, trust_env=False) as http:
 
             async def send_httpx2(i: int) -> object:
@@ -224,12 +244,16 @@ def report_client(
     out: dict[str, list[tuple[float, float, float]]], args: argparse.Namespace
 ) -> dict[str, object]:
     print(f"\nclient vs a canned /generate server, {args.rounds} rounds; median (range)")
-    print(f"{'client':<16}{'CPU ms/req (steady)':>26}{f'burst {args.burst} wall s':>24}"
-          f"{'CPU ms/req (burst)':>26}")  # fmt: skip
+    print(
+        f"{'client':<16}{'CPU ms/req (steady)':>26}{f'burst {args.burst} wall s':>24}"
+        f"{'CPU ms/req (burst)':>26}"
+    )
     for name, rows in out.items():
         cols = [[r[k] for r in rows] for k in range(3)]
-        print(f"{name:<16}{_spread(cols[0], '.3f'):>26}{_spread(cols[1], '.2f'):>24}"
-              f"{_spread(cols[2], '.3f'):>26}")  # fmt: skip
+        print(
+            f"{name:<16}{_spread(cols[0], '.3f'):>26}{_spread(cols[1], '.2f'):>24}"
+            f"{_spread(cols[2], '.3f'):>26}"
+        )
     base, ours = out["raw aiohttp"], out["agentrl"]
     cpu_r = [o[0] / b[0] for o, b in zip(ours, base, strict=True)]
     wall_r = [o[1] / b[1] for o, b in zip(ours, base, strict=True)]
@@ -249,10 +273,15 @@ def report_client(
             f"{wall_o:.2f} s",
             wall_m,
         )
-    return {"benchmark": f"rollout_overhead: client {what} (harder of CPU/request and "
-            f"{args.burst}-burst wall; other {min(cpu_m, wall_m):.2f}x)",
-            "baseline": f"raw aiohttp {b}", "ours": f"agentrl InferenceClient {o}",
-            "ratio": round(ratio, 2), "goal": f"<= {GOAL}", "met": max(cpu_m, wall_m) <= GOAL}  # fmt: skip
+    return {
+        "benchmark": f"rollout_overhead: client {what} (harder of CPU/request and "
+        f"{args.burst}-burst wall; other {min(cpu_m, wall_m):.2f}x)",
+        "baseline": f"raw aiohttp {b}",
+        "ours": f"agentrl InferenceClient {o}",
+        "ratio": round(ratio, 2),
+        "goal": f"<= {GOAL}",
+        "met": max(cpu_m, wall_m) <= GOAL,
+    }
 
 
 # ---- 2. the whole rollout path against the embedded server ----------------------------------
@@ -311,11 +340,18 @@ async def run_raw(
 
         async def worker() -> None:
             while queue:
-                body = {"input_ids": queue.pop(), "return_logprob": True,
-                        "sampling_params": {"max_new_tokens": 1, "temperature": 1.0,
-                                            "stop_token_ids": stop_ids}}  # fmt: skip
-                async with session.post(url + "/generate", data=json.dumps(body).encode(),
-                                        headers=_HEADERS) as r:  # fmt: skip
+                body = {
+                    "input_ids": queue.pop(),
+                    "return_logprob": True,
+                    "sampling_params": {
+                        "max_new_tokens": 1,
+                        "temperature": 1.0,
+                        "stop_token_ids": stop_ids,
+                    },
+                }
+                async with session.post(
+                    url + "/generate", data=json.dumps(body).encode(), headers=_HEADERS
+                ) as r:
                     if r.status != 200:
                         raise RuntimeError(f"{r.status}: {await r.text()}")
                     json.loads(await r.read())
@@ -392,15 +428,22 @@ async def full_path(args: argparse.Namespace) -> None:
             rate, turns, prompts = await run_agentrl(srv.url, template, args)
             agentrl_rates.append(rate)
             raw_rates.append(await run_raw(srv.url, prompts, args.concurrency, stop_ids))
-            print(f"rep {rep}: agentrl {rate:8.1f} turns/s ({turns} turns) | "
-                  f"raw aiohttp {raw_rates[-1]:8.1f} req/s", flush=True)  # fmt: skip
+            print(
+                f"rep {rep}: agentrl {rate:8.1f} turns/s ({turns} turns) | "
+                f"raw aiohttp {raw_rates[-1]:8.1f} req/s",
+                flush=True,
+            )
         ratios = [a / r for a, r in zip(agentrl_rates, raw_rates, strict=True)]
-        print(f"full rollout path / raw aiohttp against the embedded server: "
-              f"{_spread(ratios, '.2f')}x turns/s")  # fmt: skip
+        print(
+            f"full rollout path / raw aiohttp against the embedded server: "
+            f"{_spread(ratios, '.2f')}x turns/s"
+        )
         if args.hold:
             h = await hold(srv.url, template, args)
-            print(f"\nholding {args.hold} concurrent {args.turns}-turn trajectories in one "
-                  "collector process:")  # fmt: skip
+            print(
+                f"\nholding {args.hold} concurrent {args.turns}-turn trajectories in one "
+                "collector process:"
+            )
             for k, v in h.items():
                 print(f"  {k:<22}{v:>12.2f}")
 

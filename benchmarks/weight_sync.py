@@ -149,9 +149,12 @@ def memcpy_times(named: dict[str, torch.Tensor], repeats: int) -> tuple[Row, Row
 
 
 def time_pushes(
-    label: str, make: Callable[[InferenceClient], WeightSync], url: str,
-    named: dict[str, torch.Tensor], repeats: int,
-) -> Row:  # fmt: skip
+    label: str,
+    make: Callable[[InferenceClient], WeightSync],
+    url: str,
+    named: dict[str, torch.Tensor],
+    repeats: int,
+) -> Row:
     """``repeats`` pushes (versions 1..n), each followed by a verify (timed apart)."""
 
     async def run() -> Row:
@@ -203,18 +206,30 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> list[Row]:
     named = trainer_tensors(path, dtype)
     nbytes = sum(t.numel() * t.element_size() for t in named.values())
     params = sum(t.numel() for t in named.values())
-    print(f"\n{name}: {params / 1e6:.1f}M params, {dtype}, {nbytes / 1e9:.3f} GB, "
-          f"{len(named)} tensors, bucket {args.bucket_mb} MiB; load average {_load()}")  # fmt: skip
+    print(
+        f"\n{name}: {params / 1e6:.1f}M params, {dtype}, {nbytes / 1e9:.3f} GB, "
+        f"{len(named)} tensors, bucket {args.bucket_mb} MiB; load average {_load()}"
+    )
     rows = list(memcpy_times(named, args.repeats))
     embedded_paths: dict[str, Callable[[InferenceClient], WeightSync]] = {}
     for kind in args.checksums:
         cfg = WeightSyncConfig(bucket_bytes=args.bucket_mb << 20, dtype=dtype, checksum=kind)
-        gloo = SGLangSyncConfig(mode="distributed", backend="gloo", bucket_bytes=cfg.bucket_bytes,
-                                dtype=dtype, master_port=free_port(), checksum=kind)  # fmt: skip
+        gloo = SGLangSyncConfig(
+            mode="distributed",
+            backend="gloo",
+            bucket_bytes=cfg.bucket_bytes,
+            dtype=dtype,
+            master_port=free_port(),
+            checksum=kind,
+        )
         eager = dataclasses.replace(cfg, eager_checksums=True)
-        makers = {"ipc": partial(IPCWeightSync, cfg=cfg), "ipc-eager": partial(IPCWeightSync, cfg=eager),
-                  "tensors": partial(HTTPTensorWeightSync, cfg=cfg),
-                  "disk": partial(DiskWeightSync, cfg=cfg), "distributed": partial(SGLangWeightSync, cfg=gloo)}  # fmt: skip
+        makers = {
+            "ipc": partial(IPCWeightSync, cfg=cfg),
+            "ipc-eager": partial(IPCWeightSync, cfg=eager),
+            "tensors": partial(HTTPTensorWeightSync, cfg=cfg),
+            "disk": partial(DiskWeightSync, cfg=cfg),
+            "distributed": partial(SGLangWeightSync, cfg=gloo),
+        }
         suffix = "" if kind == args.checksums[0] else f"/{kind}"
         embedded_paths |= {k + suffix: m for k, m in makers.items() if k in args.paths}
     if embedded_paths:
@@ -233,17 +248,23 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> list[Row]:
 
 def print_table(rows: list[Row], nbytes: int) -> None:
     warm, fresh = min(rows[0].push_s), min(rows[1].push_s)  # the best copy: stricter ratios
-    print(f"{'path':<16}{'push':>8}{'first':>8}{'write':>8}{'load':>8}{'verify':>8}"
-          f"{'push+verify':>12}{'x warm':>8}{'push x warm':>12}{'x memcpy':>10}")  # fmt: skip
+    print(
+        f"{'path':<16}{'push':>8}{'first':>8}{'write':>8}{'load':>8}{'verify':>8}"
+        f"{'push+verify':>12}{'x warm':>8}{'push x warm':>12}{'x memcpy':>10}"
+    )
     for r in rows:
         push, ver, both = r.median(r.push_s), r.median(r.verify_s), r.verified_s()
-        print(f"{r.label:<16}{push:>8.3f}{r.push_s[0]:>8.3f}{r.median(r.write_s):>8.3f}"
-              f"{r.median(r.load_s):>8.3f}{ver:>8.3f}{both:>12.3f}{both / warm:>8.2f}"
-              f"{push / warm:>12.2f}{both / fresh:>10.2f}")  # fmt: skip
-    print(f"seconds: medians over the repeats (first: the first push); push+verify: median of "
-          f"each push plus its verify; ratios to the fastest copy: x warm = (push + verify) / "
-          f"{warm:.3f} s (memcpy-warm), push x warm = push / {warm:.3f} s, x memcpy = "
-          f"(push + verify) / {fresh:.3f} s (memcpy into new pages); {nbytes / 1e9:.3f} GB")  # fmt: skip
+        print(
+            f"{r.label:<16}{push:>8.3f}{r.push_s[0]:>8.3f}{r.median(r.write_s):>8.3f}"
+            f"{r.median(r.load_s):>8.3f}{ver:>8.3f}{both:>12.3f}{both / warm:>8.2f}"
+            f"{push / warm:>12.2f}{both / fresh:>10.2f}"
+        )
+    print(
+        f"seconds: medians over the repeats (first: the first push); push+verify: median of "
+        f"each push plus its verify; ratios to the fastest copy: x warm = (push + verify) / "
+        f"{warm:.3f} s (memcpy-warm), push x warm = push / {warm:.3f} s, x memcpy = "
+        f"(push + verify) / {fresh:.3f} s (memcpy into new pages); {nbytes / 1e9:.3f} GB"
+    )
 
 
 def headline(model: str, rows: list[Row]) -> None:
@@ -252,13 +273,20 @@ def headline(model: str, rows: list[Row]) -> None:
     warm = min(rows[0].push_s)
     ours = rows[2] if len(rows) > 2 else None
     ratio = ours.verified_s() / warm if ours else None
-    print(json.dumps({
-        "benchmark": f"weight_sync {model}: verified sync (push + verify) / copy into mapped memory",
-        "baseline": f"memcpy-warm {warm:.3f} s (fastest of the repeats)",
-        "ours": f"{ours.label} push + verify {ours.verified_s():.3f} s (median)" if ours
-        else "no path measured",
-        "ratio": None if ratio is None else round(ratio, 2), "goal": f"<= {GOAL:g}",
-        "met": None if ratio is None else ratio <= GOAL}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": f"weight_sync {model}: verified sync (push + verify) / copy into mapped memory",
+                "baseline": f"memcpy-warm {warm:.3f} s (fastest of the repeats)",
+                "ours": f"{ours.label} push + verify {ours.verified_s():.3f} s (median)"
+                if ours
+                else "no path measured",
+                "ratio": None if ratio is None else round(ratio, 2),
+                "goal": f"<= {GOAL:g}",
+                "met": None if ratio is None else ratio <= GOAL,
+            }
+        )
+    )
 
 
 def _load() -> str:
@@ -271,16 +299,27 @@ def bench_vllm(
     from agentrl.inference.backends.vllm import VLLMServer
 
     cfg = VLLMServer.Config(
-        model=str(path), python=args.vllm_python, dtype=dtype, kv_cache_memory_bytes=64 << 20,
-        memory_utilization=0.05, max_model_len=1024, max_batch_size=8, enforce_eager=True,
+        model=str(path),
+        python=args.vllm_python,
+        dtype=dtype,
+        kv_cache_memory_bytes=64 << 20,
+        memory_utilization=0.05,
+        max_model_len=1024,
+        max_batch_size=8,
+        enforce_eager=True,
         log_path=str(work / f"vllm-{path.name}.log"),
-    )  # fmt: skip
-    sync_cfg = VLLMWeightSync.Config(bucket_bytes=args.bucket_mb << 20, dtype=dtype,
-                                     pause_mode="keep", keep_files=not args.no_keep_files)  # fmt: skip
+    )
+    sync_cfg = VLLMWeightSync.Config(
+        bucket_bytes=args.bucket_mb << 20,
+        dtype=dtype,
+        pause_mode="keep",
+        keep_files=not args.no_keep_files,
+    )
     server = VLLMServer(cfg)
     with server:
-        return time_pushes("vllm", lambda c: VLLMWeightSync(c, sync_cfg), server.client_url,
-                           named, args.repeats)  # fmt: skip
+        return time_pushes(
+            "vllm", lambda c: VLLMWeightSync(c, sync_cfg), server.client_url, named, args.repeats
+        )
 
 
 def main() -> None:
@@ -290,11 +329,19 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", help="dtype of the larger model")
     p.add_argument("--bucket-mb", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--checksums", nargs="+", default=["sum64"], choices=list(CHECKSUM_KINDS),
-                   help="what verify compares with embedded servers; the first is the headline")  # fmt: skip
+    p.add_argument(
+        "--checksums",
+        nargs="+",
+        default=["sum64"],
+        choices=list(CHECKSUM_KINDS),
+        help="what verify compares with embedded servers; the first is the headline",
+    )
     p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python")
-    p.add_argument("--no-keep-files", action="store_true",
-                   help="vllm: delete each bucket file once loaded (VLLMSyncConfig.keep_files)")  # fmt: skip
+    p.add_argument(
+        "--no-keep-files",
+        action="store_true",
+        help="vllm: delete each bucket file once loaded (VLLMSyncConfig.keep_files)",
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-") as tmp:
         for name in args.models:

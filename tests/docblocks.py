@@ -206,8 +206,9 @@ def _run(
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full.get("PYTHONPATH")]))
     where = ", ".join(b.where for b in found)
     try:
-        done = subprocess.run(argv, cwd=cwd, env=full, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)  # fmt: skip
+        done = subprocess.run(
+            argv, cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"{where} ran past {timeout_s:.0f} s") from e
     if done.returncode != 0:

@@ -64,10 +64,20 @@ def test_rollout_with_an_embedded_server_writes_loadable_groups(tmp_path, suffix
     model = make_tiny_model(tmp_path / "model")
     path = tmp_path / f"traj{suffix}"
     out = _cli(
-        "rollout", "--env", "games/GuessNumber-v0", "--model", str(model), "--n", "3",
-        "--out", str(path), "rollout.group_size=2", "rollout.max_new_tokens=4",
-        "rollout.agent=env_driver", "rollout.max_turns=2",
-    )  # fmt: skip
+        "rollout",
+        "--env",
+        "games/GuessNumber-v0",
+        "--model",
+        str(model),
+        "--n",
+        "3",
+        "--out",
+        str(path),
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "rollout.agent=env_driver",
+        "rollout.max_turns=2",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     groups = load_groups(path)
     assert len(groups) == 3 and all(len(g.trajectories) == 2 for g in groups)
@@ -110,8 +120,12 @@ def _agentrl(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Complete
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run(
         [str(Path(sys.executable).parent / "agentrl"), *args],
-        capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )
 
 
 LONG_ID = "a-rather-long-namespace/AnEnvironmentWithAVeryLongNameThatNeedsRoom-v0"
@@ -144,10 +158,20 @@ def test_module_in_the_current_directory_for_envs_and_tools(tmp_path: Path) -> N
 def test_rollout_fails_when_every_trajectory_failed_in_the_machinery(tmp_path: Path) -> None:
     model = make_tiny_model(tmp_path / "model")
     out = _cli(
-        "rollout", "--env", "games/GuessNumber-v0", "--server", "http://127.0.0.1:9",
-        "--tokenizer", str(model), "--n", "2", "--out", str(tmp_path / "t.jsonl"),
-        "rollout.group_size=2", "rollout.agent=env_driver",
-    )  # fmt: skip
+        "rollout",
+        "--env",
+        "games/GuessNumber-v0",
+        "--server",
+        "http://127.0.0.1:9",
+        "--tokenizer",
+        str(model),
+        "--n",
+        "2",
+        "--out",
+        str(tmp_path / "t.jsonl"),
+        "rollout.group_size=2",
+        "rollout.agent=env_driver",
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "statuses: error_inference=4" in out.stderr
     assert "no trajectory got past the machinery" in out.stderr

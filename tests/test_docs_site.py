@@ -22,8 +22,15 @@ from tests.docblocks import ROOT, Block
 
 CHECKED = ("python", "bash")
 """Languages whose blocks must run or be marked."""
-ALIASES = {"py": "python", "python3": "python", "pycon": "python", "sh": "bash", "shell": "bash",
-           "console": "bash", "zsh": "bash"}  # fmt: skip
+ALIASES = {
+    "py": "python",
+    "python3": "python",
+    "pycon": "python",
+    "sh": "bash",
+    "shell": "bash",
+    "console": "bash",
+    "zsh": "bash",
+}
 
 
 def deselected_markers() -> set[str]:
@@ -168,8 +175,13 @@ def test_parse_reads_indented_fences_languages_and_markers(tmp_path: Path) -> No
 
 
 def test_run_bash_applies_overrides_and_rejects_stale_ones(tmp_path: Path) -> None:
-    block = Block(path="x.md", line=1, lang="bash", code="echo one   # it's one\necho \\\n  two\n",
-                  no_test=None)  # fmt: skip
+    block = Block(
+        path="x.md",
+        line=1,
+        lang="bash",
+        code="echo one   # it's one\necho \\\n  two\n",
+        no_test=None,
+    )
     done = docblocks.run_bash(block, cwd=tmp_path, overrides={"echo two": "echo 2"})
     assert done.stdout.split() == ["one", "2"]
     with pytest.raises(AssertionError, match="match no command of the block: echo three"):

@@ -17,8 +17,10 @@ def scope(path: str = "/x", headers: dict[str, str] | None = None, kind: str = "
 
 
 def chunks(*parts: bytes) -> Any:
-    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
-                for i, p in enumerate(parts)]  # fmt: skip
+    messages = [
+        {"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
+        for i, p in enumerate(parts)
+    ]
 
     async def receive() -> dict[str, Any]:
         return messages.pop(0) if messages else {"type": "http.disconnect"}

@@ -71,11 +71,23 @@ def test_an_uninstalled_checkout_on_pythonpath_finds_the_builtins(tmp_path: Path
         "      TOOLS.spec('bash').id, SANDBOXES.spec('local').id, sorted(COMMANDS))\n"
     )
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=tmp_path, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=True,
+    )
     assert out.stdout.split() == [
-        "CalculatorEnv", "tool_calling", "bash", "local", "['eval',", "'sft',", "'train']"
-    ]  # fmt: skip
+        "CalculatorEnv",
+        "tool_calling",
+        "bash",
+        "local",
+        "['eval',",
+        "'sft',",
+        "'train']",
+    ]
 
 
 def test_importing_agentrl_is_cheap() -> None:

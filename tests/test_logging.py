@@ -144,8 +144,11 @@ def test_wandb_offline_run_holds_every_logged_step(tmp_path, monkeypatch) -> Non
     (log_file,) = (tmp_path / "demo").glob("wandb/offline-run-*/run-*.wandb")
     (run,) = [r.run for r in wandb_records(log_file) if r.WhichOneof("record_type") == "run"]
     assert (run.project, run.display_name, run.run_group, run.job_type) == (
-        "agentrl-tests", "demo", "demo", "rl",
-    )  # fmt: skip
+        "agentrl-tests",
+        "demo",
+        "demo",
+        "rl",
+    )
     assert list(run.tags) == ["ci"]
     assert {i.key: json.loads(i.value_json) for i in run.config.update}["seed"] == 3
 

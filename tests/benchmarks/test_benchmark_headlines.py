@@ -18,8 +18,12 @@ KEYS = ["benchmark", "baseline", "ours", "ratio", "goal", "met"]
 
 def _headlines(script: str, *args: str) -> list[dict[str, object]]:
     """The JSON lines that end the script's output, last one last."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = []
     for line in reversed(proc.stdout.strip().splitlines()):
@@ -45,9 +49,19 @@ def test_weight_sync_headline_is_the_verified_ipc_sync_over_the_warm_copy() -> N
 def test_sandbox_headlines_swerex_then_the_hardening_cost() -> None:
     """Without SWE-ReX the first headline says what was not measured; the last line is the
     hardening cost, local (defaults) over local-unhardened."""
-    swerex, hardening = _headlines("sandbox.py", "--n", "2", "--creates", "2", "--sandboxes",
-                                   "1", "--per-sandbox", "1", "--targets",
-                                   "local,local-unhardened,pipe-shell")  # fmt: skip
+    swerex, hardening = _headlines(
+        "sandbox.py",
+        "--n",
+        "2",
+        "--creates",
+        "2",
+        "--sandboxes",
+        "1",
+        "--per-sandbox",
+        "1",
+        "--targets",
+        "local,local-unhardened,pipe-shell",
+    )
     assert swerex["ratio"] is None and swerex["met"] is None
     assert "not measured" in str(swerex["baseline"]) and "local (exec agent)" in str(swerex["ours"])
     assert "seccomp=False, disk_mb=0" in str(hardening["baseline"])
@@ -58,6 +72,17 @@ def test_sandbox_headlines_swerex_then_the_hardening_cost() -> None:
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
 def test_sandbox_hardening_headline_without_its_baseline_says_so() -> None:
-    got = _headline("sandbox.py", "--n", "2", "--creates", "1", "--sandboxes", "1",
-                    "--per-sandbox", "1", "--targets", "local")  # fmt: skip
+    got = _headline(
+        "sandbox.py",
+        "--n",
+        "2",
+        "--creates",
+        "1",
+        "--sandboxes",
+        "1",
+        "--per-sandbox",
+        "1",
+        "--targets",
+        "local",
+    )
     assert got["ratio"] is None and got["met"] is None and got["baseline"] == "not measured"

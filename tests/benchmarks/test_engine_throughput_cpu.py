@@ -24,10 +24,19 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_rounds_write_every_run_and_summarise_per_engine(tmp_path: Path) -> None:
     out = tmp_path / "runs.json"
     proc = _run(
-        "--device=cpu", "--engines=torch", "--rounds=2", "--layers=1", "--hidden=32",
-        "--heads=2", "--seq=16", "--batch=2", "--steps=2", "--warmup=1",
-        f"--model={tmp_path / 'model'}", f"--json={out}",
-    )  # fmt: skip
+        "--device=cpu",
+        "--engines=torch",
+        "--rounds=2",
+        "--layers=1",
+        "--hidden=32",
+        "--heads=2",
+        "--seq=16",
+        "--batch=2",
+        "--steps=2",
+        "--warmup=1",
+        f"--model={tmp_path / 'model'}",
+        f"--json={out}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = json.loads(out.read_text())
     assert [(r["engine"], r["round"]) for r in runs] == [("torch", 0), ("torch", 1)]

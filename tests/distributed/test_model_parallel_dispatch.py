@@ -17,8 +17,11 @@ def pool(ray_local: None):
 def test_ranks_of_one_group_share_a_shard_and_only_one_is_gathered(pool: ResourcePool) -> None:
     with WorkerGroup(pool, ModelParallelWorker, kwargs={"mp": 2}) as group:
         assert [(lay.dp_rank, lay.collect) for lay in group.layouts] == [
-            (0, True), (0, False), (1, True), (1, False),
-        ]  # fmt: skip
+            (0, True),
+            (0, False),
+            (1, True),
+            (1, False),
+        ]
         got = group.owned(Chunk(list(range(5))))
         # two shards (3 + 2 values); ranks 0 and 2 answer, ranks 1 and 3 computed but stay silent
         assert got == [(0, [0, 1, 2]), (2, [3, 4])]

@@ -29,9 +29,11 @@ def test_cuda_server_matches_cpu_server(tiny_model: Path, tmp_path: Path) -> Non
     results = {}
     for device in ("cpu", "cuda"):
         cfg = ServerProcess.Config(
-            model=str(tiny_model), log_path=str(tmp_path / f"{device}.log"), num_threads=1,
+            model=str(tiny_model),
+            log_path=str(tmp_path / f"{device}.log"),
+            num_threads=1,
             extra_args=["--device", device],
-        )  # fmt: skip
+        )
         with ServerProcess(cfg) as proc:
             results[device] = (
                 asyncio.run(_generate(proc.url, prompts, greedy)),

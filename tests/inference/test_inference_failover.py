@@ -22,9 +22,14 @@ def two_servers(
     tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[ServerProcess]]:
     logs = tmp_path_factory.mktemp("failover")
-    procs = [ServerProcess(ServerProcess.Config(model=str(tiny_model), num_threads=1,
-                                                log_path=str(logs / f"s{i}.log")))
-             for i in range(2)]  # fmt: skip
+    procs = [
+        ServerProcess(
+            ServerProcess.Config(
+                model=str(tiny_model), num_threads=1, log_path=str(logs / f"s{i}.log")
+            )
+        )
+        for i in range(2)
+    ]
     for p in procs:
         p.spawn()
     try:

@@ -30,8 +30,9 @@ def keyed(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """A server with a key, a 0.25 MiB body cap, and a 2 MiB cap on weight buckets."""
     log = tmp_path_factory.mktemp("logs") / "keyed.log"
     args = ["--api-key", KEY, "--max-body-mb", "0.25", "--max-weight-body-mb", "2"]
-    cfg = ServerProcess.Config(model=str(tiny_model), log_path=str(log), num_threads=1,
-                               extra_args=args)  # fmt: skip
+    cfg = ServerProcess.Config(
+        model=str(tiny_model), log_path=str(log), num_threads=1, extra_args=args
+    )
     with ServerProcess(cfg) as proc:
         yield proc
 
@@ -47,20 +48,24 @@ def test_the_key_is_checked_before_any_body(keyed: ServerProcess) -> None:
     assert httpx2.get(keyed.url + "/health").status_code == 200  # probes need no key
     for path in ("/generate", "/update_weights_from_tensor", "/v1/chat/completions"):
         # a 256 MB body is announced and never sent: the answer cannot have waited for it
-        status, body = raw_head(keyed.url, f"POST {path} HTTP/1.1\nHost: x\n"
-                                           f"Content-Length: {256 << 20}\n")  # fmt: skip
+        status, body = raw_head(
+            keyed.url, f"POST {path} HTTP/1.1\nHost: x\nContent-Length: {256 << 20}\n"
+        )
         assert status == 401 and b"bearer token" in body, (path, body)
     assert httpx2.get(keyed.url + "/get_weight_version").status_code == 401
     wrong = {"Authorization": "Bearer nope"}
     assert httpx2.post(keyed.url + "/generate", json=GENERATE, headers=wrong).status_code == 401
-    ok = httpx2.post(keyed.url + "/generate", json=GENERATE,
-                     headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+    ok = httpx2.post(
+        keyed.url + "/generate", json=GENERATE, headers={"Authorization": f"Bearer {KEY}"}
+    )
     assert ok.status_code == 200 and len(ok.json()["output_ids"]) == 2
 
 
 def test_weight_bodies_over_their_cap_are_refused_unread(keyed: ServerProcess) -> None:
-    head = (f"POST /update_weights_from_tensor?flush=0 HTTP/1.1\nHost: x\n"
-            f"Authorization: Bearer {KEY}\nContent-Length: {17 << 30}\n")  # fmt: skip
+    head = (
+        f"POST /update_weights_from_tensor?flush=0 HTTP/1.1\nHost: x\n"
+        f"Authorization: Bearer {KEY}\nContent-Length: {17 << 30}\n"
+    )
     status, body = raw_head(keyed.url, head)
     assert status == 413 and b"at most 2 MiB" in body and b"--max-weight-body-mb" in body
 
@@ -101,6 +106,7 @@ async def test_bodies_over_the_cap_get_413_with_and_without_content_length(
 
 def test_no_key_by_default_but_still_a_body_cap(server: ServerProcess) -> None:
     assert httpx2.post(server.url + "/generate", json=GENERATE).status_code == 200
-    status, body = raw_head(server.url, f"POST /generate HTTP/1.1\nHost: x\n"
-                                        f"Content-Length: {65 << 20}\n")  # fmt: skip
+    status, body = raw_head(
+        server.url, f"POST /generate HTTP/1.1\nHost: x\nContent-Length: {65 << 20}\n"
+    )
     assert status == 413 and b"at most 64 MiB" in body

@@ -118,8 +118,10 @@ async def test_logprobs_match_teacher_forcing_mixed_lengths(
     ]
     temps = [0.0, 0.7, 1.0, 1.3]
     before = await engine_stats(server.url)
-    bodies = [gen_body(p, max_new_tokens=10, temperature=temps[i % 4], ignore_eos=True, top_k=-1)
-              for i, p in enumerate(prompts)]  # fmt: skip
+    bodies = [
+        gen_body(p, max_new_tokens=10, temperature=temps[i % 4], ignore_eos=True, top_k=-1)
+        for i, p in enumerate(prompts)
+    ]
     resps = await asyncio.gather(*(post(server.url, "/generate", b) for b in bodies))
     assert (await engine_stats(server.url))["batched_forwards"] > before["batched_forwards"]
     for i, (prompt, resp) in enumerate(zip(prompts, resps, strict=True)):
@@ -167,14 +169,26 @@ async def test_finish_reasons_stop_token_stop_string_and_length(
     assert base["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
     target = base["output_ids"][2]
     stop_at = base["output_ids"].index(target)
-    by_id = (await post(server.url, "/generate", gen_body(prompt, max_new_tokens=8, temperature=0, ignore_eos=True,
-                                                          stop_token_ids=[target]))).json()  # fmt: skip
+    by_id = (
+        await post(
+            server.url,
+            "/generate",
+            gen_body(
+                prompt, max_new_tokens=8, temperature=0, ignore_eos=True, stop_token_ids=[target]
+            ),
+        )
+    ).json()
     assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": target}
     assert by_id["output_ids"] == base["output_ids"][: stop_at + 1]
     text = tokenizer.decode(base["output_ids"][3:6])
     if text.strip():
-        by_str = (await post(server.url, "/generate", gen_body(prompt, max_new_tokens=8, temperature=0,
-                                                               ignore_eos=True, stop=[text]))).json()  # fmt: skip
+        by_str = (
+            await post(
+                server.url,
+                "/generate",
+                gen_body(prompt, max_new_tokens=8, temperature=0, ignore_eos=True, stop=[text]),
+            )
+        ).json()
         fr = by_str["meta_info"]["finish_reason"]
         assert fr["type"] == "stop" and fr["matched"] == text
         assert text not in by_str["text"]
@@ -264,16 +278,32 @@ async def test_info_endpoints(server: ServerProcess) -> None:
 async def test_openai_completions_and_chat(server: ServerProcess, tokenizer: Any) -> None:
     models = (await get(server.url, "/v1/models")).json()
     assert models["data"][0]["id"]
-    comp = (await post(server.url, "/v1/completions", {"prompt": "the answer is", "max_tokens": 4,
-                                                       "logprobs": 1, "n": 2})).json()  # fmt: skip
+    comp = (
+        await post(
+            server.url,
+            "/v1/completions",
+            {"prompt": "the answer is", "max_tokens": 4, "logprobs": 1, "n": 2},
+        )
+    ).json()
     assert len(comp["choices"]) == 2 and comp["usage"]["completion_tokens"] <= 8
     assert len(comp["choices"][0]["logprobs"]["token_logprobs"]) <= 4
     tools = [
         {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
     ]
     messages = [{"role": "user", "content": "compute 12 * 7"}]
-    chat = (await post(server.url, "/v1/chat/completions", {"messages": messages, "tools": tools, "max_tokens": 6,
-                                                            "return_token_ids": True, "logprobs": True})).json()  # fmt: skip
+    chat = (
+        await post(
+            server.url,
+            "/v1/chat/completions",
+            {
+                "messages": messages,
+                "tools": tools,
+                "max_tokens": 6,
+                "return_token_ids": True,
+                "logprobs": True,
+            },
+        )
+    ).json()
     choice = chat["choices"][0]
     assert choice["message"]["role"] == "assistant"
     rendered = tokenizer.apply_chat_template(
@@ -318,7 +348,8 @@ async def test_weight_updates_change_outputs_and_checksums(
             served - teacher_forced(model_b, prompt, on_b["output_ids"], 0.0)
         ).abs().mean() <= 1e-4
         assert on_b["output_ids"] != original["output_ids"] or not torch.allclose(
-            served, teacher_forced(ref_model, prompt, on_b["output_ids"], 0.0))  # fmt: skip
+            served, teacher_forced(ref_model, prompt, on_b["output_ids"], 0.0)
+        )
         # back to the original weights over HTTP, in several buckets
         versions = await client.update_weights_from_tensors(
             ref_model.state_dict(), bucket_bytes=64 << 10

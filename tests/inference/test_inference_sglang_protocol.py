@@ -43,13 +43,20 @@ async def test_generate_request_and_answer_fields(
     server: ServerProcess, http: httpx2.AsyncClient
 ) -> None:
     dialect = SGLangDialect()
-    sp = SamplingParams(max_new_tokens=5, temperature=1.0, top_p=0.9, top_k=20,
-                        stop_token_ids=(3,), seed=42)  # fmt: skip
+    sp = SamplingParams(
+        max_new_tokens=5, temperature=1.0, top_p=0.9, top_k=20, stop_token_ids=(3,), seed=42
+    )
     body = dialect.request_body(PROMPT, sp, return_logprob=True)
     sent = json.loads(body)
     assert set(sent) == {"input_ids", "sampling_params", "return_logprob"}
-    assert sent["sampling_params"] == {"max_new_tokens": 5, "temperature": 1.0, "top_p": 0.9,
-                                       "top_k": 20, "stop_token_ids": [3], "sampling_seed": 42}  # fmt: skip
+    assert sent["sampling_params"] == {
+        "max_new_tokens": 5,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "top_k": 20,
+        "stop_token_ids": [3],
+        "sampling_seed": 42,
+    }
     resp = await http.post(server.url + dialect.generate_path, content=body)
     assert resp.status_code == 200, resp.text
     data = resp.json()
@@ -110,8 +117,10 @@ async def test_update_weights_from_disk_with_string_version(
         return dialect.completion(data, server.url, 0.0).output_logprobs
 
     on_a = await greedy()
-    raw = await http.post(server.url + "/update_weights_from_disk",
-                          json={"model_path": str(tiny_model_b), "weight_version": "7"})  # fmt: skip
+    raw = await http.post(
+        server.url + "/update_weights_from_disk",
+        json={"model_path": str(tiny_model_b), "weight_version": "7"},
+    )
     assert raw.status_code == 200 and raw.json()["success"] is True
     assert await dialect.weight_version(http, server.url) == 7
     on_b = await greedy()

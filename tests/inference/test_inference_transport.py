@@ -20,10 +20,18 @@ GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
 
 
 def _answer() -> bytes:
-    body = json.dumps(generate_response(
-        rid="r", text="", output_ids=[7, 8], finish_reason=finish_reason_dict("length", length=2),
-        prompt_tokens=3, weight_version=5, e2e_latency=0.0, output_logprobs=[-0.5, -0.25],
-    )).encode()  # fmt: skip
+    body = json.dumps(
+        generate_response(
+            rid="r",
+            text="",
+            output_ids=[7, 8],
+            finish_reason=finish_reason_dict("length", length=2),
+            prompt_tokens=3,
+            weight_version=5,
+            e2e_latency=0.0,
+            output_logprobs=[-0.5, -0.25],
+        )
+    ).encode()
     head = (
         f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
     )

@@ -48,8 +48,10 @@ def test_sampled_logprob_is_unfiltered_tempered_log_softmax() -> None:
 
 def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
     logits = torch.randn(2, 40, generator=gen(2))
-    rows = [RowSampling(temperature=1.0, top_k=1, generator=gen(0)),
-            RowSampling(temperature=1.0, top_p=1e-6, generator=gen(1))]  # fmt: skip
+    rows = [
+        RowSampling(temperature=1.0, top_k=1, generator=gen(0)),
+        RowSampling(temperature=1.0, top_p=1e-6, generator=gen(1)),
+    ]
     assert sample_rows(logits, rows).tokens == logits.argmax(-1).tolist()
 
 
@@ -93,9 +95,14 @@ def test_tied_tensors_are_sent_once() -> None:
 def test_safetensors_bytes_reads_back_with_the_library_and_ours() -> None:
     from safetensors.torch import load, save
 
-    named = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "f32": torch.randn(7),
-             "flag": torch.tensor([True, False, True]), "empty": torch.zeros(0, 4),
-             "scalar": torch.tensor(3.0), "i64": torch.arange(5)}  # fmt: skip
+    named = {
+        "bf16": torch.randn(3, 5).to(torch.bfloat16),
+        "f32": torch.randn(7),
+        "flag": torch.tensor([True, False, True]),
+        "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(3.0),
+        "i64": torch.arange(5),
+    }
     ours = safetensors_bytes(named)
     for back in (load(ours), load_safetensors_bytes(ours), load_safetensors_bytes(save(named))):
         assert set(back) == set(named)
@@ -145,8 +152,13 @@ def test_serve_command_refuses_other_backends_and_bad_paths(tmp_path: Path) -> N
 
 
 def test_server_process_reports_a_failed_start_with_its_log(tmp_path: Path) -> None:
-    proc = ServerProcess(ServerProcess.Config(model=str(tmp_path / "no-model"), startup_timeout_s=120,
-                                              log_path=str(tmp_path / "server.log")))  # fmt: skip
+    proc = ServerProcess(
+        ServerProcess.Config(
+            model=str(tmp_path / "no-model"),
+            startup_timeout_s=120,
+            log_path=str(tmp_path / "server.log"),
+        )
+    )
     with pytest.raises(InferenceError, match="exited with code"):
         proc.start()
     assert not proc.alive() and "no-model" in proc.log_tail()

@@ -24,8 +24,14 @@ from trainers.config import InferenceConfig
 from trainers.serving import Fleet
 
 OK = {RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED_LENGTH, RolloutStatus.TRUNCATED_MAX_TURNS}
-ROLLOUT = CollectorConfig(group_size=4, max_concurrency=16, max_turns=6, max_new_tokens=4,
-                          agent="env_driver", tool_parser=None)  # fmt: skip
+ROLLOUT = CollectorConfig(
+    group_size=4,
+    max_concurrency=16,
+    max_turns=6,
+    max_new_tokens=4,
+    agent="env_driver",
+    tool_parser=None,
+)
 FAST = ServerSupervisor.Config(check_interval_s=0.2, backoff_s=0.2, health_timeout_s=2.0)
 
 
@@ -60,13 +66,20 @@ def weights_b(path: Path) -> dict[str, torch.Tensor]:
 
 def make_fleet(tmp_path: Path, num_servers: int) -> Fleet:
     cfg = InferenceConfig(num_servers=num_servers, num_threads=1, max_batch_size=16)
-    return Fleet(cfg, run_seed=0, dtype="float32", device="cpu", log_dir=tmp_path / "logs",
-                 supervisor=FAST)  # fmt: skip
+    return Fleet(
+        cfg, run_seed=0, dtype="float32", device="cpu", log_dir=tmp_path / "logs", supervisor=FAST
+    )
 
 
 def samples(n: int, offset: int = 0) -> list[Sample]:
-    return [Sample(env_id="games/GuessNumber-v0", env_kwargs={"high": 1000, "max_turns": 100},
-                   seed=offset + i) for i in range(n)]  # fmt: skip
+    return [
+        Sample(
+            env_id="games/GuessNumber-v0",
+            env_kwargs={"high": 1000, "max_turns": 100},
+            seed=offset + i,
+        )
+        for i in range(n)
+    ]
 
 
 def checksums(fleet: Fleet) -> dict[str, tuple[str, int]]:
@@ -125,8 +138,9 @@ async def test_drained_server_gets_no_request_until_admitted(server: ServerProce
     async with SupervisedClient([server.url, alias]) as client:
         client.drain(alias)
         assert client.urls == [server.url] and client.all_backends.keys() == {server.url, alias}
-        outs = await asyncio.gather(*(client.generate([5, 6], sp, session_id=f"s{i}")
-                                      for i in range(8)))  # fmt: skip
+        outs = await asyncio.gather(
+            *(client.generate([5, 6], sp, session_id=f"s{i}") for i in range(8))
+        )
         assert {o.server for o in outs} == {server.url}
         assert list(await client.weight_versions()) == [server.url]  # control calls skip it too
         client.drain(server.url)
@@ -135,8 +149,9 @@ async def test_drained_server_gets_no_request_until_admitted(server: ServerProce
         client.admit(alias)
         client.admit(server.url)
         assert client.urls == [server.url, alias] and client.admissions == 2
-        outs = await asyncio.gather(*(client.generate([5, 6], sp, session_id=f"t{i}")
-                                      for i in range(8)))  # fmt: skip
+        outs = await asyncio.gather(
+            *(client.generate([5, 6], sp, session_id=f"t{i}") for i in range(8))
+        )
         assert {o.server for o in outs} == {server.url, alias}
         with pytest.raises(ConfigError, match="not one of this client's servers"):
             client.drain("http://127.0.0.1:1")
@@ -147,9 +162,14 @@ def test_restarts_are_bounded_then_the_server_stays_out(
     tiny_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cfg = InferenceConfig(num_servers=1, num_threads=1)
-    fleet = Fleet(cfg, run_seed=0, dtype="float32", device="cpu", log_dir=tmp_path / "logs",
-                  supervisor=ServerSupervisor.Config(check_interval_s=0.2, backoff_s=0.1,
-                                                     restart_attempts=2))  # fmt: skip
+    fleet = Fleet(
+        cfg,
+        run_seed=0,
+        dtype="float32",
+        device="cpu",
+        log_dir=tmp_path / "logs",
+        supervisor=ServerSupervisor.Config(check_interval_s=0.2, backoff_s=0.1, restart_attempts=2),
+    )
     try:
         fleet.start(tiny_model)
         assert fleet.client is not None

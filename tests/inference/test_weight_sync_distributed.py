@@ -32,15 +32,23 @@ def model(path: Path) -> Any:
 
 
 def sync(client: InferenceClient, group: str = "wsd") -> SGLangWeightSync:
-    cfg = SGLangWeightSync.Config(mode="distributed", backend="gloo", bucket_bytes=BUCKET,
-                                  master_port=free_port(), group_name=group,
-                                  group_timeout_s=60)  # fmt: skip
+    cfg = SGLangWeightSync.Config(
+        mode="distributed",
+        backend="gloo",
+        bucket_bytes=BUCKET,
+        master_port=free_port(),
+        group_name=group,
+        group_timeout_s=60,
+    )
     return SGLangWeightSync(client, cfg)
 
 
 async def greedy(http: httpx2.AsyncClient, url: str) -> dict[str, Any]:
-    body = {"input_ids": PROMPT, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    body = {
+        "input_ids": PROMPT,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+    }
     resp = await http.post(url + "/generate", json=body)
     assert resp.status_code == 200, resp.text
     return resp.json()
@@ -69,9 +77,12 @@ def second_server(tiny_model: Path) -> Iterator[ServerProcess]:
 
 @pytest.mark.parametrize("n_servers", [1, 2])
 async def test_broadcast_serves_the_new_weights(
-    server: ServerProcess, second_server: ServerProcess, tiny_model: Path, tiny_model_b: Path,
+    server: ServerProcess,
+    second_server: ServerProcess,
+    tiny_model: Path,
+    tiny_model_b: Path,
     n_servers: int,
-) -> None:  # fmt: skip
+) -> None:
     urls = [server.url, second_server.url][:n_servers]
     ref_b = model(tiny_model_b)
     b = ref_b.state_dict()
@@ -101,8 +112,9 @@ async def test_broadcast_serves_the_new_weights(
             assert await served_checksum(client.http, url) == (want, version + 100)
         await ws.close()
         for url in urls:  # close() destroyed the servers' group
-            resp = await client.http.post(url + "/destroy_weights_update_group",
-                                          json={"group_name": "wsd"})  # fmt: skip
+            resp = await client.http.post(
+                url + "/destroy_weights_update_group", json={"group_name": "wsd"}
+            )
             assert resp.status_code == 400 and "no weights update group" in resp.text
 
 
@@ -127,31 +139,46 @@ async def test_bad_names_and_shapes_are_refused_and_change_nothing(
         assert await ws.verify()
         url = server.url + "/update_weights_from_distributed"
         malformed: list[tuple[dict[str, Any], list[str]]] = [
-            ({"names": ["x"], "dtypes": ["floaty"], "shapes": [[1]]},
-             ["not a torch dtype", "the group 'bad' was dropped"]),  # its broadcasts never land
+            (
+                {"names": ["x"], "dtypes": ["floaty"], "shapes": [[1]]},
+                ["not a torch dtype", "the group 'bad' was dropped"],
+            ),  # its broadcasts never land
             ({"names": ["x"], "dtypes": ["float32"], "shapes": "no"}, ["invalid request"]),
             ({"names": ["x"], "dtypes": [], "shapes": [[1]]}, ["no weights update group 'bad'"]),
-        ]  # fmt: skip
+        ]
         for body, messages in malformed:
             resp = await client.http.post(url, json={**body, "group_name": "bad"})
             assert resp.status_code == 400, resp.text
             assert all(m in resp.json()["message"] for m in messages), resp.text
         assert await served_checksum(client.http, server.url) == (
-            checksum_named_tensors(b.items()).overall, 22)  # fmt: skip
+            checksum_named_tensors(b.items()).overall,
+            22,
+        )
         await ws.close()
 
 
 async def test_update_before_init_is_refused(server: ServerProcess) -> None:
-    body = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[128]],
-            "group_name": "never-initialised"}  # fmt: skip
+    body = {
+        "names": ["model.norm.weight"],
+        "dtypes": ["float32"],
+        "shapes": [[128]],
+        "group_name": "never-initialised",
+    }
     async with httpx2.AsyncClient(timeout=30, trust_env=False) as http:
         before = await served_checksum(http, server.url)
         resp = await http.post(server.url + "/update_weights_from_distributed", json=body)
         assert resp.status_code == 400
         assert "POST /init_weights_update_group first" in resp.json()["message"]
-        resp = await http.post(server.url + "/init_weights_update_group", json={
-            "master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1,
-            "world_size": 2, "backend": "nccl"})  # fmt: skip
+        resp = await http.post(
+            server.url + "/init_weights_update_group",
+            json={
+                "master_address": "127.0.0.1",
+                "master_port": free_port(),
+                "rank_offset": 1,
+                "world_size": 2,
+                "backend": "nccl",
+            },
+        )
         assert resp.status_code == 400 and "use backend gloo" in resp.text
         assert await served_checksum(http, server.url) == before
 
@@ -161,18 +188,40 @@ async def test_reinit_replaces_the_group_and_a_silent_trainer_times_out(
 ) -> None:
     b = model(tiny_model_b).state_dict()
     name = "model.norm.weight"
-    update = {"names": [name], "dtypes": ["float32"], "shapes": [list(b[name].shape)],
-              "group_name": "silent", "weight_version": 31}  # fmt: skip
+    update = {
+        "names": [name],
+        "dtypes": ["float32"],
+        "shapes": [list(b[name].shape)],
+        "group_name": "silent",
+        "weight_version": 31,
+    }
     async with httpx2.AsyncClient(timeout=60, trust_env=False) as http:
 
         async def init() -> Any:
             port = free_port()
-            join = asyncio.to_thread(join_update_group, address="127.0.0.1", port=port, rank=0,
-                                     world_size=2, group_name="silent", backend="gloo",
-                                     timeout_s=30, listen_fd=listen_socket("127.0.0.1", port).detach())  # fmt: skip
-            post = http.post(server.url + "/init_weights_update_group", json={
-                "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
-                "world_size": 2, "group_name": "silent", "backend": "gloo", "timeout_s": 3})  # fmt: skip
+            join = asyncio.to_thread(
+                join_update_group,
+                address="127.0.0.1",
+                port=port,
+                rank=0,
+                world_size=2,
+                group_name="silent",
+                backend="gloo",
+                timeout_s=30,
+                listen_fd=listen_socket("127.0.0.1", port).detach(),
+            )
+            post = http.post(
+                server.url + "/init_weights_update_group",
+                json={
+                    "master_address": "127.0.0.1",
+                    "master_port": port,
+                    "rank_offset": 1,
+                    "world_size": 2,
+                    "group_name": "silent",
+                    "backend": "gloo",
+                    "timeout_s": 3,
+                },
+            )
             group, resp = await asyncio.gather(join, post)
             assert resp.status_code == 200 and resp.json()["success"], resp.text
             return group
@@ -188,8 +237,12 @@ async def test_reinit_replaces_the_group_and_a_silent_trainer_times_out(
         sums = (await http.get(server.url + "/weights_checksum")).json()
         assert sums["tensors"][name] == checksum_named_tensors([(name, new)]).tensors[name]
         # Rank 0 never broadcasts: the server serves meanwhile, then gives up after timeout_s.
-        waiting = asyncio.ensure_future(http.post(
-            server.url + "/update_weights_from_distributed", json={**update, "weight_version": 32}))  # fmt: skip
+        waiting = asyncio.ensure_future(
+            http.post(
+                server.url + "/update_weights_from_distributed",
+                json={**update, "weight_version": 32},
+            )
+        )
         await asyncio.sleep(0.2)
         assert (await http.get(server.url + "/health")).status_code == 200
         out = await greedy(http, server.url)
@@ -211,8 +264,9 @@ async def test_a_server_that_left_the_group_fails_one_push_then_rejoins(
     async with InferenceClient([server.url]) as client:
         ws = sync(client, group="left")
         await ws.push(b.items(), 40)
-        resp = await client.http.post(server.url + "/destroy_weights_update_group",
-                                      json={"group_name": "left"})  # fmt: skip
+        resp = await client.http.post(
+            server.url + "/destroy_weights_update_group", json={"group_name": "left"}
+        )
         assert resp.status_code == 200
         with pytest.raises(InferenceError, match="no weights update group 'left'"):
             await ws.push(b.items(), 41)  # refused at once; rank 0's broadcast does not hang

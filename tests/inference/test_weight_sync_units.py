@@ -27,8 +27,11 @@ def test_report_accepts_tied_aliases_and_blind_tensors_only() -> None:
     sent = NamedDigests()
     sent.add("embed.weight", emb)
     sent.add("norm.weight", norm)
-    served = {"embed.weight": tensor_checksum(emb), "norm.weight": tensor_checksum(norm),
-              "lm_head.weight": tensor_checksum(emb)}  # fmt: skip
+    served = {
+        "embed.weight": tensor_checksum(emb),
+        "norm.weight": tensor_checksum(norm),
+        "lm_head.weight": tensor_checksum(emb),
+    }
     r = report(served, sent, version=3, want=3)
     assert r.ok and r.matched == 3 and not r.mismatched
     # A tensor the trainer never sent that is not an alias of a matched one fails.
@@ -54,8 +57,12 @@ def test_vllm_digests_hash_on_demand_and_freeze() -> None:
 
 def test_bucket_files_round_trip_and_are_overwritten_in_place(tmp_path: Path) -> None:
     path = tmp_path / "bucket-00000.safetensors"
-    big = [("w", torch.randn(64, 32, dtype=torch.bfloat16)), ("b", torch.randn(7)),
-           ("i", torch.arange(3)), ("e", torch.empty(0, 4))]  # fmt: skip
+    big = [
+        ("w", torch.randn(64, 32, dtype=torch.bfloat16)),
+        ("b", torch.randn(7)),
+        ("i", torch.arange(3)),
+        ("e", torch.empty(0, 4)),
+    ]
     assert sorted(write_bucket(path, big)) == ["b", "e", "i", "w"]
     got = load_file(str(path))
     assert all(torch.equal(got[n], t) for n, t in big)

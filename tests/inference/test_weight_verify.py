@@ -72,8 +72,9 @@ def bf16_server(
     tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("logs") / "server-bf16.log"
-    cfg = ServerProcess.Config(model=str(tiny_model), dtype="bfloat16", log_path=str(log),
-                               num_threads=1)  # fmt: skip
+    cfg = ServerProcess.Config(
+        model=str(tiny_model), dtype="bfloat16", log_path=str(log), num_threads=1
+    )
     with ServerProcess(cfg) as proc:
         yield proc
 
@@ -81,14 +82,18 @@ def bf16_server(
 async def put_on_server(http: httpx2.AsyncClient, url: str, name: str, t: torch.Tensor) -> None:
     """Overwrite one served tensor through the server's update endpoint, keeping version 1."""
     resp = await http.post(
-        url + "/update_weights_from_tensor", params={"flush": 1, "weight_version": 1},
-        content=safetensors_bytes({name: t}), headers={"content-type": "application/octet-stream"},
-    )  # fmt: skip
+        url + "/update_weights_from_tensor",
+        params={"flush": 1, "weight_version": 1},
+        content=safetensors_bytes({name: t}),
+        headers={"content-type": "application/octet-stream"},
+    )
     assert resp.status_code == 200 and resp.json()["success"], resp.text
 
 
-@pytest.mark.parametrize(("path", "checksum"), [("ipc", "sum64"), ("ipc-eager", "sum64"),
-                                                ("tensors", "sum64"), ("ipc", "sha256")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("path", "checksum"),
+    [("ipc", "sum64"), ("ipc-eager", "sum64"), ("tensors", "sum64"), ("ipc", "sha256")],
+)
 async def test_verify_fails_when_one_bf16_element_of_any_served_tensor_changes(
     bf16_server: ServerProcess, tiny_model: Path, path: str, checksum: ChecksumKind
 ) -> None:

@@ -18,23 +18,43 @@ from agentrl.inference.protocol import SamplingParams
 
 
 def test_request_body_is_vllm_token_api() -> None:
-    body = json.loads(VLLMDialect().request_body(
-        [1, 2, 3], SamplingParams(max_new_tokens=7, temperature=0.5, top_k=-1,
-                                  stop_token_ids=(9,), seed=4), True))  # fmt: skip
+    body = json.loads(
+        VLLMDialect().request_body(
+            [1, 2, 3],
+            SamplingParams(
+                max_new_tokens=7, temperature=0.5, top_k=-1, stop_token_ids=(9,), seed=4
+            ),
+            True,
+        )
+    )
     assert body["token_ids"] == [1, 2, 3] and body["output_mode"] == "tokens"
-    assert body["sampling_params"] == {"max_tokens": 7, "temperature": 0.5, "top_p": 1.0,
-                                       "top_k": 0, "detokenize": False, "logprobs": 0,
-                                       "stop_token_ids": [9], "seed": 4}  # fmt: skip
+    assert body["sampling_params"] == {
+        "max_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 1.0,
+        "top_k": 0,
+        "detokenize": False,
+        "logprobs": 0,
+        "stop_token_ids": [9],
+        "seed": 4,
+    }
     no_lp = json.loads(VLLMDialect().request_body([1], SamplingParams(), False))
     assert "logprobs" not in no_lp["sampling_params"]
 
 
 def answer(finish: str, spans: list[dict[str, object]]) -> dict[str, object]:
-    return {"choices": [{"index": 0, "finish_reason": finish, "token_ids": [4, 5, 6],
-                         "logprobs": {"content": [{"token_id": t, "logprob": -t / 10}
-                                                  for t in (4, 5, 6)]},
-                         "weight_versions": spans}],
-            "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}}  # fmt: skip
+    return {
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": finish,
+                "token_ids": [4, 5, 6],
+                "logprobs": {"content": [{"token_id": t, "logprob": -t / 10} for t in (4, 5, 6)]},
+                "weight_versions": spans,
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}},
+    }
 
 
 def test_completion_parsing_versions_and_abort() -> None:
@@ -65,8 +85,14 @@ def test_url_prefix_picks_the_dialect() -> None:
 
 
 def test_launcher_command_passes_flags_through() -> None:
-    cfg = VLLMServer.Config(model="/m", python="/venv/bin/python", port=8123, max_model_len=512,
-                            enforce_eager=True, extra_args=["--block-size", "16"])  # fmt: skip
+    cfg = VLLMServer.Config(
+        model="/m",
+        python="/venv/bin/python",
+        port=8123,
+        max_model_len=512,
+        enforce_eager=True,
+        extra_args=["--block-size", "16"],
+    )
     server = VLLMServer(cfg)
     cmd = server.command()
     assert cmd[:3] == ["/venv/bin/python", "-m", "agentrl.inference.backends.vllm_entry"]
@@ -87,9 +113,14 @@ def test_digests_follow_vllm_fusion_and_vocab_padding() -> None:
     q, k, v = torch.randn(4, 2), torch.randn(2, 2), torch.randn(2, 2)
     gate, up, emb = torch.randn(3, 2), torch.randn(3, 2), torch.randn(70, 2)
     dig = VLLMDigests()
-    for name, t in [("l.0.self_attn.k_proj.weight", k), ("l.0.self_attn.q_proj.weight", q),
-                    ("l.0.mlp.up_proj.weight", up), ("l.0.self_attn.v_proj.weight", v),
-                    ("l.0.mlp.gate_proj.weight", gate), ("m.embed_tokens.weight", emb)]:  # fmt: skip
+    for name, t in [
+        ("l.0.self_attn.k_proj.weight", k),
+        ("l.0.self_attn.q_proj.weight", q),
+        ("l.0.mlp.up_proj.weight", up),
+        ("l.0.self_attn.v_proj.weight", v),
+        ("l.0.mlp.gate_proj.weight", gate),
+        ("m.embed_tokens.weight", emb),
+    ]:
         dig.add(name, t)
     assert dig.digests == {
         "l.0.self_attn.qkv_proj.weight": sha(torch.cat([q, k, v])),

@@ -47,8 +47,15 @@ OVERRIDES = [
     "inference.backend=vllm",
     "inference.startup_timeout_s=600",
 ]
-VLLM_CPU_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(128 << 20),
-                 "--gpu-memory-utilization", "0.05", "--max-model-len", "2048"]  # fmt: skip
+VLLM_CPU_ARGS = [
+    "--enforce-eager",
+    "--kv-cache-memory-bytes",
+    str(128 << 20),
+    "--gpu-memory-utilization",
+    "0.05",
+    "--max-model-len",
+    "2048",
+]
 # fp32 vLLM CPU kernels vs torch: <= 1e-5 measured here (5e-7 in this test); the trained
 # weights move the served logprobs by ~1e-3, far more than that.
 PARITY_ATOL = 1e-3
@@ -102,8 +109,10 @@ def test_grpo_steps_with_vllm_rollouts_and_weight_sync(tmp_path: Path, ray_local
         trained = trainer.actor.named_weights()
     finally:
         trainer.close()
-    print(f"step 1: {first['train/rollout_logprob_diff_max']:.2e}, "
-          f"step 2: {second['train/rollout_logprob_diff_max']:.2e}; verify: {report}")  # fmt: skip
+    print(
+        f"step 1: {first['train/rollout_logprob_diff_max']:.2e}, "
+        f"step 2: {second['train/rollout_logprob_diff_max']:.2e}; verify: {report}"
+    )
     for m in (first, second):
         assert m["train/num_loss_tokens"] > 0
         assert m["train/rollout_logprob_diff_max"] < PARITY_ATOL

@@ -24,8 +24,15 @@ from trainers.serving import Fleet
 
 pytestmark = pytest.mark.vllm
 
-VLLM_CPU_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(128 << 20),
-                 "--gpu-memory-utilization", "0.05", "--max-model-len", "2048"]  # fmt: skip
+VLLM_CPU_ARGS = [
+    "--enforce-eager",
+    "--kv-cache-memory-bytes",
+    str(128 << 20),
+    "--gpu-memory-utilization",
+    "0.05",
+    "--max-model-len",
+    "2048",
+]
 PROMPT = [5, 6, 7, 40, 41, 42, 43, 100, 200, 300]
 
 
@@ -45,11 +52,22 @@ def test_killed_vllm_server_rejoins_with_synced_weights(
 
     model_b = AutoModelForCausalLM.from_pretrained(vllm_model_b, dtype=torch.float32).eval()
     named = {k: v.clone() for k, v in model_b.state_dict().items()}
-    cfg = InferenceConfig(backend="vllm", num_servers=1, python=sys.executable,
-                          extra_args=VLLM_CPU_ARGS, startup_timeout_s=600,
-                          weights_dir=str(tmp_path / "weights"))  # fmt: skip
-    fleet = Fleet(cfg, run_seed=0, dtype="float32", device="cpu", log_dir=tmp_path / "logs",
-                  supervisor=ServerSupervisor.Config(check_interval_s=0.5))  # fmt: skip
+    cfg = InferenceConfig(
+        backend="vllm",
+        num_servers=1,
+        python=sys.executable,
+        extra_args=VLLM_CPU_ARGS,
+        startup_timeout_s=600,
+        weights_dir=str(tmp_path / "weights"),
+    )
+    fleet = Fleet(
+        cfg,
+        run_seed=0,
+        dtype="float32",
+        device="cpu",
+        log_dir=tmp_path / "logs",
+        supervisor=ServerSupervisor.Config(check_interval_s=0.5),
+    )
     try:
         fleet.start(vllm_model)
         assert fleet.client is not None and fleet.weight_sync is not None

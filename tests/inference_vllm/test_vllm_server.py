@@ -81,8 +81,9 @@ async def test_stop_token_and_seeded_sampling(vllm_server: Any) -> None:
         cut = await client.generate(
             PROMPT, SamplingParams(max_new_tokens=16, temperature=0, stop_token_ids=(stop,))
         )
-        a, b = await asyncio.gather(*(client.generate(PROMPT, SamplingParams(
-            max_new_tokens=12, seed=5)) for _ in range(2)))  # fmt: skip
+        a, b = await asyncio.gather(
+            *(client.generate(PROMPT, SamplingParams(max_new_tokens=12, seed=5)) for _ in range(2))
+        )
     assert cut.finish_reason == "stop" and cut.output_ids[-1] == stop
     assert cut.output_ids == first.output_ids[: first.output_ids.index(stop) + 1]
     assert a.output_ids == b.output_ids and a.output_logprobs == b.output_logprobs
@@ -117,8 +118,14 @@ async def test_pause_abort_returns_partial_completion(vllm_server: Any) -> None:
 
 async def test_tool_rollouts_through_collector(vllm_server: Any, vllm_model: Path) -> None:
     template = ChatTemplate.from_pretrained(vllm_model)
-    cfg = CollectorConfig(group_size=4, max_concurrency=16, max_turns=3, max_new_tokens=12,
-                          agent="tool_calling", check_ledger=True)  # fmt: skip
+    cfg = CollectorConfig(
+        group_size=4,
+        max_concurrency=16,
+        max_turns=3,
+        max_new_tokens=12,
+        agent="tool_calling",
+        check_ledger=True,
+    )
     samples = [Sample(env_id="arith/Calculator-v0", seed=i) for i in range(2)]
     samples += [Sample(env_id="games/GuessNumber-v0", seed=i) for i in range(2)]
     async with InferenceClient([vllm_server.client_url]) as client:

@@ -53,8 +53,11 @@ async def test_push_changes_weights_and_verifies(
 ) -> None:
     a, b = state(models[0]), state(models[1])
     async with InferenceClient([server.url]) as client:
-        cls: Any = {"disk": DiskWeightSync, "http": HTTPTensorWeightSync,
-                                 "sglang_disk": SGLangWeightSync}[kind]  # fmt: skip
+        cls: Any = {
+            "disk": DiskWeightSync,
+            "http": HTTPTensorWeightSync,
+            "sglang_disk": SGLangWeightSync,
+        }[kind]
         sync = cls(client, cls.Config(bucket_bytes=32 << 10, root=str(tmp_path)))
         await sync.push(a.items(), version=1)
         on_a = await logprobs(client)

@@ -60,8 +60,9 @@ def megatron_group() -> Iterator[None]:
     if started:
         from agentrl.distributed.rendezvous import init_process_group_bound
 
-        init_process_group_bound(backend="gloo", master_addr="127.0.0.1", master_port=0,
-                                 rank=0, world_size=1)  # fmt: skip
+        init_process_group_bound(
+            backend="gloo", master_addr="127.0.0.1", master_port=0, rank=0, world_size=1
+        )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     patch = pytest.MonkeyPatch()

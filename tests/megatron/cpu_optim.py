@@ -75,17 +75,30 @@ def build(
 
     dtype = torch.float16 if fp16 else torch.bfloat16
     shape = model_shape(AutoConfig.from_pretrained(path))
-    tc = make_config(shape, dtype=dtype, parallel=Parallelism(tensor=tp), recompute=False,
-                     cpu_init=True, fused=False)  # fmt: skip
+    tc = make_config(
+        shape,
+        dtype=dtype,
+        parallel=Parallelism(tensor=tp),
+        recompute=False,
+        cpu_init=True,
+        fused=False,
+    )
     model = build_model(shape, tc, vocab_multiple=128, pre_process=True, post_process=True)
     state.load_hf_weights(model, str(path), shape, MegatronConfig(tensor_parallel_size=tp))
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, use_distributed_optimizer=distributed
     )
     ddp = DistributedDataParallel(tc, ddp_config, Float16Module(tc, model))
-    opt_config = OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.1, clip_grad=clip,
-                                 bf16=not fp16, fp16=fp16, params_dtype=dtype,
-                                 use_distributed_optimizer=distributed)  # fmt: skip
+    opt_config = OptimizerConfig(
+        optimizer="adam",
+        lr=1e-2,
+        weight_decay=0.1,
+        clip_grad=clip,
+        bf16=not fp16,
+        fp16=fp16,
+        params_dtype=dtype,
+        use_distributed_optimizer=distributed,
+    )
     optimizer = get_megatron_optimizer(opt_config, [ddp])
     if fused:
         from trainers.engines.megatron.engine import _use_fused_torch_adam

@@ -17,8 +17,9 @@ def run(rank: int, port: int, model_path: str, out_dir: str, tp: int) -> None:
 
     from agentrl.distributed.rendezvous import init_process_group_bound
 
-    init_process_group_bound(backend="gloo", master_addr="127.0.0.1", master_port=port,
-                             rank=rank, world_size=2)  # fmt: skip
+    init_process_group_bound(
+        backend="gloo", master_addr="127.0.0.1", master_port=port, rank=rank, world_size=2
+    )
     with cuda_on_cpu():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
         start = params(build(model_path, clip=0.5, tp=tp)[0])

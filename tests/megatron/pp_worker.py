@@ -61,15 +61,17 @@ def run(rank: int, port: int, model_path: str, out_dir: str, steps: tuple[str, .
     from trainers.engines import ENGINES
     from trainers.engines.megatron.engine import MegatronConfig
 
-    init_process_group_bound(backend="gloo", master_addr="127.0.0.1", master_port=port,
-                             rank=rank, world_size=2)  # fmt: skip
+    init_process_group_bound(
+        backend="gloo", master_addr="127.0.0.1", master_port=port, rank=rank, world_size=2
+    )
     _cpu_shims()
     engines: dict[bool, Any] = {}
 
     def engine(packed: bool) -> Any:
         if packed not in engines:
-            cfg = EngineConfig(model_path=model_path, device="cpu", role="ref",
-                               micro_batch_size=2, packed=packed)  # fmt: skip
+            cfg = EngineConfig(
+                model_path=model_path, device="cpu", role="ref", micro_batch_size=2, packed=packed
+            )
             parallel = MegatronConfig(pipeline_parallel_size=2)
             engines[packed] = ENGINES.make("megatron", config=cfg, options=parallel)
             engines[packed].initialize()

@@ -183,10 +183,12 @@ def test_compiled_logprob_chunks_match_eager(megatron_group: None, with_entropy:
     for backend in (None, counting):
         h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
         kw = dict(true_vocab=13, tp_rank=0, tp_size=1, with_entropy=with_entropy, chunk_tokens=4)
-        logp, ent = vocab_parallel_logprobs(h, w, targets, temperature=0.7, compile_backend=backend, **kw)  # type: ignore[arg-type]  # fmt: skip
+        logp, ent = vocab_parallel_logprobs(
+            h, w, targets, temperature=0.7, compile_backend=backend, **kw
+        )  # type: ignore[arg-type]
         (logp.sum() + (ent.sum() if ent is not None else 0)).backward()
         with torch.no_grad():
-            scored, _ = vocab_parallel_logprobs(h, w, targets, compile_backend=backend, **kw)  # type: ignore[arg-type]  # fmt: skip
+            scored, _ = vocab_parallel_logprobs(h, w, targets, compile_backend=backend, **kw)  # type: ignore[arg-type]
         results.append((logp, ent, h.grad, w.grad, scored))
     for eager, compiled in zip(*results, strict=True):
         if eager is None:
@@ -203,8 +205,15 @@ def test_compiled_logprob_chunks_need_one_tensor_parallel_rank() -> None:
     from trainers.engines.megatron.logprobs import vocab_parallel_logprobs
 
     with pytest.raises(ConfigError, match="tensor_parallel_size 1"):
-        vocab_parallel_logprobs(torch.zeros(2, 4), torch.zeros(8, 4), torch.zeros(2, dtype=torch.long),
-                                true_vocab=8, tp_rank=0, tp_size=2, compile_backend="aot_eager")  # fmt: skip
+        vocab_parallel_logprobs(
+            torch.zeros(2, 4),
+            torch.zeros(8, 4),
+            torch.zeros(2, dtype=torch.long),
+            true_vocab=8,
+            tp_rank=0,
+            tp_size=2,
+            compile_backend="aot_eager",
+        )
 
 
 def _inductor_works() -> bool:

@@ -19,8 +19,9 @@ def run(rank: int, port: int, model_path: str, out_dir: str) -> None:
     from trainers.engines import ENGINES
     from trainers.engines.megatron.engine import MegatronConfig
 
-    init_process_group_bound(backend="gloo", master_addr="127.0.0.1", master_port=port,
-                             rank=rank, world_size=2)  # fmt: skip
+    init_process_group_bound(
+        backend="gloo", master_addr="127.0.0.1", master_port=port, rank=rank, world_size=2
+    )
     if not torch.cuda.is_available():
         torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     cfg = EngineConfig(model_path=model_path, device="cpu", role="ref", micro_batch_size=2)
@@ -30,10 +31,15 @@ def run(rank: int, port: int, model_path: str, out_dir: str) -> None:
     weights = dict(engine.named_weights())
     local = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     torch.save(
-        {"logprobs": logprobs, "entropy": entropy, "weights": weights, "local": local,
-         **_vocab_parallel_grad(rank)},
+        {
+            "logprobs": logprobs,
+            "entropy": entropy,
+            "weights": weights,
+            "local": local,
+            **_vocab_parallel_grad(rank),
+        },
         Path(out_dir) / f"rank{rank}.pt",
-    )  # fmt: skip
+    )
     dist.destroy_process_group()
 
 
@@ -48,9 +54,15 @@ def _vocab_parallel_grad(rank: int) -> dict[str, object]:
     weight = torch.randn(16, 8, generator=gen)  # padded vocab 16, true vocab 13
     targets = torch.tensor([0, 3, 7, 8, 12, 5])
     logp, ent = vocab_parallel_logprobs(
-        hidden, weight.chunk(2)[rank], targets, true_vocab=13, tp_rank=rank, tp_size=2,
-        with_entropy=True, chunk_tokens=4,
-    )  # fmt: skip
+        hidden,
+        weight.chunk(2)[rank],
+        targets,
+        true_vocab=13,
+        tp_rank=rank,
+        tp_size=2,
+        with_entropy=True,
+        chunk_tokens=4,
+    )
     assert ent is not None
     (logp.sum() + ent.sum()).backward()
     assert hidden.grad is not None

@@ -85,10 +85,15 @@ def load_server(needs_local: None, private_tmp: Path) -> Iterator[tuple[ToolServ
     root = private_tmp / "sandboxes"
     root.mkdir(mode=0o711)
     cg_parent = f"agentrl-loadtest{os.getpid()}"
-    sb_cfg = LocalSandbox.Config(root_dir=str(root), cgroup_parent=cg_parent, memory_mb=256,
-                                 pids_max=64, exec_timeout_s=60)  # fmt: skip
-    pool = SandboxPool.Config(max_active=MAX_SESSIONS + 8, create_rate_per_s=1000,
-                              acquire_timeout_s=120, run_id=f"load{os.getpid()}")  # fmt: skip
+    sb_cfg = LocalSandbox.Config(
+        root_dir=str(root), cgroup_parent=cg_parent, memory_mb=256, pids_max=64, exec_timeout_s=60
+    )
+    pool = SandboxPool.Config(
+        max_active=MAX_SESSIONS + 8,
+        create_rate_per_s=1000,
+        acquire_timeout_s=120,
+        run_id=f"load{os.getpid()}",
+    )
     cfg = ToolServer.Config(
         token=TOKEN, pool=pool, max_sessions=MAX_SESSIONS + 8, call_timeout_s=120
     )
@@ -110,8 +115,13 @@ def script(i: int) -> list[tuple[ToolCall, str]]:
     def tc(name: str, **arguments: object) -> ToolCall:
         return ToolCall(name=name, arguments=arguments)
 
-    edit = tc("str_replace_editor", command="str_replace", path="/workspace/m.py",
-              old_str="N = 1", new_str=f"N = {i}")  # fmt: skip
+    edit = tc(
+        "str_replace_editor",
+        command="str_replace",
+        path="/workspace/m.py",
+        old_str="N = 1",
+        new_str=f"N = {i}",
+    )
     return [
         (tc("bash", command=f"mkdir -p d && cd d && echo sid-{i} > n.txt"), ""),
         (tc("bash", command="cat n.txt; pwd"), f"sid-{i}\n/workspace/d"),  # cwd persisted
@@ -177,8 +187,10 @@ async def test_concurrent_sessions_on_one_server(
 
     latencies_s: list[float] = []
     all_open = asyncio.Barrier(sessions + 1)
-    tasks = [asyncio.create_task(run_session(clients[i % CLIENTS], i, all_open, latencies_s))
-             for i in range(sessions)]  # fmt: skip
+    tasks = [
+        asyncio.create_task(run_session(clients[i % CLIENTS], i, all_open, latencies_s))
+        for i in range(sessions)
+    ]
     async with asyncio.timeout(300):
         while all_open.n_waiting < sessions and not any(t.done() for t in tasks):
             await asyncio.sleep(0.05)
@@ -205,7 +217,9 @@ async def test_concurrent_sessions_on_one_server(
 
     q = statistics.quantiles(latencies_s, n=100)
     server_ms = {k: round(v["latency_s_mean"] * 1e3) for k, v in m["tools"].items()}
-    print(f"\nload: {sessions} sessions x {len(script(0))} calls = {len(latencies_s)} calls in "
-          f"{wall_s:.1f}s: {len(latencies_s) / wall_s:.0f} calls/s, latency p50 "
-          f"{q[49] * 1e3:.0f} ms, p99 {q[98] * 1e3:.0f} ms (client side); mean ms in the tool "
-          f"(server side): {server_ms}")  # fmt: skip
+    print(
+        f"\nload: {sessions} sessions x {len(script(0))} calls = {len(latencies_s)} calls in "
+        f"{wall_s:.1f}s: {len(latencies_s) / wall_s:.0f} calls/s, latency p50 "
+        f"{q[49] * 1e3:.0f} ms, p99 {q[98] * 1e3:.0f} ms (client side); mean ms in the tool "
+        f"(server side): {server_ms}"
+    )

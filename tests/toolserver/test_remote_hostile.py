@@ -42,8 +42,13 @@ async def make(sandbox_server: tuple[object, str], sandbox_root: str) -> AsyncIt
     made: list[Sandbox] = []
 
     async def factory(**options: object) -> Sandbox:
-        sb = await make_sandbox("remote", name=new_name(f"agentrl-test{os.getpid()}-"),
-                                url=url, token=TOKEN, options=options)  # fmt: skip
+        sb = await make_sandbox(
+            "remote",
+            name=new_name(f"agentrl-test{os.getpid()}-"),
+            url=url,
+            token=TOKEN,
+            options=options,
+        )
         made.append(sb)
         return sb
 

@@ -62,8 +62,9 @@ async def test_tool_agent_loop_over_a_tool_server(server: tuple[ToolServer, str]
     srv, url = server
     template = ChatTemplate(build_tokenizer())
     gen = ScriptedGenerator(template, [WRITE, READ, "done"])
-    sample = Sample(env_id="test-toolserver/RemoteShell-v0",
-                    env_kwargs={"tool_server": url, "token": TOKEN})  # fmt: skip
+    sample = Sample(
+        env_id="test-toolserver/RemoteShell-v0", env_kwargs={"tool_server": url, "token": TOKEN}
+    )
     config = CollectorConfig(group_size=3, agent="tool_calling", check_ledger=True)
     [group] = await RolloutCollector(config, gen, template).collect([sample])
     for traj in group.trajectories:

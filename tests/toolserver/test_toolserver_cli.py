@@ -59,8 +59,10 @@ def spawn(argv: list[str], env: dict[str, str]) -> Iterator[str]:
 
 @pytest.fixture
 def tool_server() -> Iterator[str]:
-    yield from spawn([sys.executable, "-c", SERVE, "tests.toolserver.toolsets:basic_toolset"],
-                     {"AGENTRL_TOOL_TOKEN": TOKEN})  # fmt: skip
+    yield from spawn(
+        [sys.executable, "-c", SERVE, "tests.toolserver.toolsets:basic_toolset"],
+        {"AGENTRL_TOOL_TOKEN": TOKEN},
+    )
 
 
 async def test_tools_serve_in_a_process(tool_server: str) -> None:

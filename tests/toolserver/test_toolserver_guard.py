@@ -74,8 +74,16 @@ def peak_rss_mb(pid: int) -> float:
 def tool_server_process() -> Iterator[tuple[str, int]]:
     """``agentrl tools serve`` in its own process, so its memory is its own."""
     port = free_port()
-    argv = [sys.executable, "-c", SERVE, "tests.toolserver.toolsets:basic_toolset",
-            "--sandbox", "none", "--port", str(port)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-c",
+        SERVE,
+        "tests.toolserver.toolsets:basic_toolset",
+        "--sandbox",
+        "none",
+        "--port",
+        str(port),
+    ]
     proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "AGENTRL_TOOL_TOKEN": TOKEN})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -167,8 +175,11 @@ async def test_sessions_are_bound_to_their_client(small_cap: str) -> None:
             assert (
                 await c.delete(f"/sessions/{sa.session_id}", headers=headers)
             ).status_code == 403
-        r = await c.post(f"/sessions/{sa.session_id}/call", headers={SESSION_HEADER: sa._token},
-                         json={"name": "count", "arguments": {"key": "mine"}})  # fmt: skip
+        r = await c.post(
+            f"/sessions/{sa.session_id}/call",
+            headers={SESSION_HEADER: sa._token},
+            json={"name": "count", "arguments": {"key": "mine"}},
+        )
         assert r.status_code == 200 and r.json()["content"] == "2"
         r = await c.post("/sessions/unknown/call", json={"name": "echo"})
         assert r.status_code == 404  # an unknown session is still told apart from a wrong token

@@ -55,8 +55,11 @@ async def open_session(http: httpx2.AsyncClient) -> str:
 async def call(
     http: httpx2.AsyncClient, sid: str, name: str, rid: str = "", **args: object
 ) -> dict:  # type: ignore[type-arg]
-    r = await http.post(f"/sessions/{sid}/call", headers=own(sid),
-                        json={"name": name, "arguments": args, "request_id": rid})  # fmt: skip
+    r = await http.post(
+        f"/sessions/{sid}/call",
+        headers=own(sid),
+        json={"name": name, "arguments": args, "request_id": rid},
+    )
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
 
@@ -69,8 +72,13 @@ async def test_auth_required_everywhere_but_health(basic: tuple[ToolServer, str]
             assert (await c.get(path)).status_code == 401  # unknown paths are not told apart
             r = await c.get(path, headers=AUTH)
             assert r.status_code == 404 and r.json()["error"]["type"] == "http"
-        for method, path in [("GET", "/tools"), ("POST", "/sessions"), ("GET", "/metrics"),
-                             ("POST", "/sessions/x/call"), ("DELETE", "/sessions/x")]:  # fmt: skip
+        for method, path in [
+            ("GET", "/tools"),
+            ("POST", "/sessions"),
+            ("GET", "/metrics"),
+            ("POST", "/sessions/x/call"),
+            ("DELETE", "/sessions/x"),
+        ]:
             for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}]:
                 r = await c.request(method, path, headers=headers, json={"name": "echo"})
                 assert r.status_code == 401, (method, path, headers)
@@ -133,8 +141,9 @@ async def test_retried_request_id_runs_once(http: httpx2.AsyncClient) -> None:
     assert (first["replayed"], again["replayed"]) == (False, True)
     assert toolsets.RUNS["k1"] == 1
     # concurrent duplicates (a client retry while the first is still running) also run once
-    outs = await asyncio.gather(*(call(http, sid, "count", rid="req-2", key="k2", delay=0.3)
-                                  for _ in range(3)))  # fmt: skip
+    outs = await asyncio.gather(
+        *(call(http, sid, "count", rid="req-2", key="k2", delay=0.3) for _ in range(3))
+    )
     assert {o["content"] for o in outs} == {"1"} and toolsets.RUNS["k2"] == 1
     assert sorted(o["replayed"] for o in outs) == [False, True, True]
     # a new id runs again; ids are per session
@@ -165,8 +174,12 @@ def sandboxed(
     from sandboxes.local import LocalSandbox
 
     ttl = getattr(request, "param", 600.0)
-    server, thread = serve(toolsets.sandbox_toolset(), LocalSandbox.Config(root_dir=sandbox_root),
-                           session_ttl_s=ttl, reap_interval_s=0.2)  # fmt: skip
+    server, thread = serve(
+        toolsets.sandbox_toolset(),
+        LocalSandbox.Config(root_dir=sandbox_root),
+        session_ttl_s=ttl,
+        reap_interval_s=0.2,
+    )
     yield server, thread.url
     thread.stop()
     assert list(Path(sandbox_root).iterdir()) == [], "sandboxes left behind after shutdown"
@@ -190,8 +203,14 @@ async def test_sessions_have_isolated_sandboxes_and_are_cleaned_up(
         assert not (
             await a.call(ToolCall(name="write", arguments={"path": "secret.txt", "text": "a-only"}))
         ).is_error
-        seen = await b.call(ToolCall(name="shell", arguments={
-            "command": "cat secret.txt; find / -path /proc -prune -o -name secret.txt -print; echo done"}))  # fmt: skip
+        seen = await b.call(
+            ToolCall(
+                name="shell",
+                arguments={
+                    "command": "cat secret.txt; find / -path /proc -prune -o -name secret.txt -print; echo done"
+                },
+            )
+        )
         assert "a-only" not in seen.content and "secret.txt" not in seen.content.replace(
             "cat: secret.txt", ""
         )

@@ -21,8 +21,9 @@ def serve_cmd(factory: str, *extra: str) -> list[str]:
 
 
 async def test_round_trip_over_stdio() -> None:
-    async with await mcp_toolset(serve_cmd("tests.toolserver.toolsets:basic_toolset"),
-                                 cwd=ROOT, timeout_s=60) as tools:  # fmt: skip
+    async with await mcp_toolset(
+        serve_cmd("tests.toolserver.toolsets:basic_toolset"), cwd=ROOT, timeout_s=60
+    ) as tools:
         assert tools.names == ["echo", "add", "boom", "slow", "count"]
         [add] = [s for s in tools.schemas() if s["function"]["name"] == "add"]
         assert add["function"]["parameters"]["required"] == ["a", "b"]
@@ -45,8 +46,9 @@ async def test_round_trip_over_stdio() -> None:
 
 
 async def test_sandboxed_tools_over_mcp(needs_local: None) -> None:
-    async with await mcp_toolset(serve_cmd("tests.toolserver.toolsets:sandbox_toolset"),
-                                 cwd=ROOT, timeout_s=60) as tools:  # fmt: skip
+    async with await mcp_toolset(
+        serve_cmd("tests.toolserver.toolsets:sandbox_toolset"), cwd=ROOT, timeout_s=60
+    ) as tools:
         await tools.call(ToolCall(name="write", arguments={"path": "f.txt", "text": "via mcp"}))
         res = await tools.call(ToolCall(name="shell", arguments={"command": "cat f.txt; pwd"}))
         assert res.content == "via mcp/workspace\n"

@@ -50,8 +50,13 @@ def test_data_cursor_maps_to_fixed_samples() -> None:
     data = DataConfig(envs=[EnvEntry(id="a/A-v0"), EnvEntry(id="b/B-v0")], seed=10, num_seeds=2)
     samples = [data.sample(i) for i in range(6)]
     assert [(s.env_id, s.seed) for s in samples] == [
-        ("a/A-v0", 10), ("b/B-v0", 10), ("a/A-v0", 11), ("b/B-v0", 11), ("a/A-v0", 10), ("b/B-v0", 10),
-    ]  # fmt: skip
+        ("a/A-v0", 10),
+        ("b/B-v0", 10),
+        ("a/A-v0", 11),
+        ("b/B-v0", 11),
+        ("a/A-v0", 10),
+        ("b/B-v0", 10),
+    ]
     assert data.sample(3) == data.sample(3)
     assert data.sample(0, eval=True).seed == data.eval_seed  # held out, never cycles
 

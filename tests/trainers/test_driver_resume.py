@@ -38,8 +38,17 @@ def test_kill_after_checkpoint_then_resume_matches_an_uninterrupted_run(tmp_path
     from agentrl.distributed import init_ray_local
 
     # The run that gets killed: its own process (and its own Ray), as `agentrl train` would be.
-    cmd = [sys.executable, "-m", "trainers.cli", "train", str(RECIPE), *SMOKE, *STEPS,
-           f"output_dir={tmp_path}", "name=killed"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainers.cli",
+        "train",
+        str(RECIPE),
+        *SMOKE,
+        *STEPS,
+        f"output_dir={tmp_path}",
+        "name=killed",
+    ]
     log = (tmp_path / "killed.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     killed_dir = tmp_path / "killed"

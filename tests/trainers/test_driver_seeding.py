@@ -26,8 +26,13 @@ class _Recorder:
     ) -> Completion:
         self.seeds.append(sampling.seed)
         ids = self.template.encode("8") + list(self.template.stop_token_ids[:1])
-        return Completion(output_ids=ids, output_logprobs=[-0.1] * len(ids), finish_reason="stop",
-                          weight_version=0, prompt_tokens=len(input_ids))  # fmt: skip
+        return Completion(
+            output_ids=ids,
+            output_logprobs=[-0.1] * len(ids),
+            finish_reason="stop",
+            weight_version=0,
+            prompt_tokens=len(input_ids),
+        )
 
 
 @pytest.fixture(scope="module")

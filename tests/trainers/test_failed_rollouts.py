@@ -108,9 +108,14 @@ def test_filtering_that_runs_out_of_rounds_pads_the_batch_and_says_so(
 ) -> None:
     cfg = load_run_config(
         "recipes/quickstart.yaml",
-        [f"output_dir={tmp_path}", "algo.filter_groups=true", "algo.max_filter_rounds=2",
-         "train.batch_size=4", "train.mini_batch_size=2"],
-    )  # fmt: skip
+        [
+            f"output_dir={tmp_path}",
+            "algo.filter_groups=true",
+            "algo.max_filter_rounds=2",
+            "train.batch_size=4",
+            "train.mini_batch_size=2",
+        ],
+    )
     calls: list[int] = []
 
     class OneSignalPerRound:

@@ -189,13 +189,24 @@ def test_overlong_counts_every_segment_of_a_trajectory(tmp_path: Path) -> None:
     two_segments = Trajectory(
         sample=sample, segments=[segment([1, 2], [3, 4, 5]), segment([6], [7, 8])], reward=1.0
     )
-    cut = Trajectory(sample=sample, segments=[segment([1, 2], [9])], reward=0.0,
-                     status=RolloutStatus.TRUNCATED_LENGTH)  # fmt: skip
+    cut = Trajectory(
+        sample=sample,
+        segments=[segment([1, 2], [9])],
+        reward=0.0,
+        status=RolloutStatus.TRUNCATED_LENGTH,
+    )
     batch = TrainBatch.from_groups([TrajectoryGroup(uid="g", trajectories=[two_segments, cut])], 0)
-    cfg = load_run_config(None, [
-        ENV, f"output_dir={tmp_path}", "algo.overlong.filter=true", "algo.overlong.penalty=true",
-        "algo.overlong.max_len=6", "algo.overlong.cache_len=4",
-    ])  # fmt: skip
+    cfg = load_run_config(
+        None,
+        [
+            ENV,
+            f"output_dir={tmp_path}",
+            "algo.overlong.filter=true",
+            "algo.overlong.penalty=true",
+            "algo.overlong.max_len=6",
+            "algo.overlong.cache_len=4",
+        ],
+    )
     m = Trainer(cfg).overlong(batch)
     # 5 generated tokens over two rows: (6 - 4 - 5) / 4 = -0.75 on both; 1 token: no penalty.
     assert batch.rewards.tolist() == [0.25, 0.25, 0.0]
@@ -246,9 +257,12 @@ def test_overlong_filter_masks_truncated_rollouts(tmp_path: Path, ray_local: Non
 
 def test_overlong_penalty_lowers_the_rewards(tmp_path: Path, plain: dict[str, Any]) -> None:
     (row,) = train(
-        tmp_path, "penalty", "algo.overlong.penalty=true", "algo.overlong.max_len=16",
+        tmp_path,
+        "penalty",
+        "algo.overlong.penalty=true",
+        "algo.overlong.max_len=16",
         "algo.overlong.cache_len=8",
-    )  # fmt: skip
+    )
     base = plain["row"]
     length = row["rollout/response_len_mean"]
     assert length == 12.0  # every reply: 12 tokens, 4 into the 8-token ramp before max_len
@@ -273,11 +287,17 @@ def test_adaptive_kl_coefficient_moves_is_logged_and_resumes(
 ) -> None:
     coef, target, horizon = 0.05, 1.0, 10
     overrides = [
-        *TINY, f"output_dir={tmp_path}", "name=kl", "train.steps=2", "checkpoint.every=1",
+        *TINY,
+        f"output_dir={tmp_path}",
+        "name=kl",
+        "train.steps=2",
+        "checkpoint.every=1",
         "checkpoint.keep_last=2",
-        f"algo.kl.coef={coef}", "algo.kl.controller=adaptive", f"algo.kl.target={target}",
+        f"algo.kl.coef={coef}",
+        "algo.kl.controller=adaptive",
+        f"algo.kl.target={target}",
         f"algo.kl.horizon={horizon}",
-    ]  # fmt: skip
+    ]
     first = Trainer(load_run_config(RECIPE, overrides))
     try:  # step 1 and its checkpoint, then stop as if killed
         first.setup()

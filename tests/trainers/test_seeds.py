@@ -30,9 +30,14 @@ def test_the_command_reruns_as_written() -> None:
 def test_summary_over_seeds_is_the_mean_and_standard_error_of_the_runs(tmp_path: Path) -> None:
     def run(seed: int, before: float, after: float) -> dict[str, object]:
         ev = {"n": 128.0, "num_tasks": 16.0, "reward_mean": after}
-        return {"seed": seed, "run_dir": f"r{seed}", "steps": 40, "wall_time_s": 1.0,
-                "eval_before": {**ev, "success_rate": before},
-                "eval_after": {**ev, "success_rate": after}}  # fmt: skip
+        return {
+            "seed": seed,
+            "run_dir": f"r{seed}",
+            "steps": 40,
+            "wall_time_s": 1.0,
+            "eval_before": {**ev, "success_rate": before},
+            "eval_after": {**ev, "success_rate": after},
+        }
 
     runs = [run(0, 0.7, 0.9), run(1, 0.0, 0.1), run(2, 0.2, 0.5)]
     s = summarize_seeds(runs, tmp_path / "q-seeds", command="agentrl train q --seeds 0,1,2")

@@ -250,8 +250,9 @@ def _fsdp_rank(rank: int, world: int, port: int, model_path: str, out: str) -> N
     from agentrl.distributed.rendezvous import init_process_group_bound
 
     torch.set_num_threads(1)
-    init_process_group_bound(backend="gloo", master_addr="127.0.0.1", master_port=port,
-                             rank=rank, world_size=world)  # fmt: skip
+    init_process_group_bound(
+        backend="gloo", master_addr="127.0.0.1", master_port=port, rank=rank, world_size=world
+    )
     try:
         shard = _shards(make_batch(seed=9))[rank]
         e = engine(model_path, lr=1e-3, micro_batch_size=2)

@@ -42,9 +42,13 @@ class RecordingEngine:
         self.steps = 0
 
     def forward_backward(
-        self, batch: TrainBatch, loss_fn: LossFn, *, temperature: float = 1.0,
+        self,
+        batch: TrainBatch,
+        loss_fn: LossFn,
+        *,
+        temperature: float = 1.0,
         with_entropy: bool = False,
-    ) -> dict[str, float]:  # fmt: skip
+    ) -> dict[str, float]:
         self.calls.append((len(batch), loss_fn, temperature, with_entropy))
         return {"train/ppo_kl": 0.1 * len(self.calls), "critic/vf_loss": 1.0}
 
@@ -56,8 +60,15 @@ class RecordingEngine:
 def test_epochs_times_mini_batches_optimizer_steps_with_the_first_step_kept() -> None:
     engine = RecordingEngine()
     loss = PolicyLoss(PolicyUpdate())
-    out = run_epochs(engine, _batch(8), loss, epochs=3, num_mini_batches=4, temperature=0.7,  # type: ignore[arg-type]
-                     with_entropy=True)  # fmt: skip
+    out = run_epochs(
+        engine,
+        _batch(8),
+        loss,
+        epochs=3,
+        num_mini_batches=4,
+        temperature=0.7,  # type: ignore[arg-type]
+        with_entropy=True,
+    )
     assert engine.steps == 12 and [c[0] for c in engine.calls] == [2] * 12
     assert all(c[1] is loss and c[2] == 0.7 and c[3] for c in engine.calls)
     assert out["train/optimizer_steps"] == 12.0
@@ -67,8 +78,14 @@ def test_epochs_times_mini_batches_optimizer_steps_with_the_first_step_kept() ->
 
 def test_the_critic_reports_engine_metrics_under_its_own_prefix() -> None:
     engine = RecordingEngine()
-    out = run_epochs(engine, _batch(4), CriticLoss(CriticUpdate()), epochs=2,  # type: ignore[arg-type]
-                     num_mini_batches=2, prefix="critic")  # fmt: skip
+    out = run_epochs(
+        engine,
+        _batch(4),
+        CriticLoss(CriticUpdate()),
+        epochs=2,  # type: ignore[arg-type]
+        num_mini_batches=2,
+        prefix="critic",
+    )
     assert out["critic/grad_norm"] == 2.5 and out["critic/optimizer_steps"] == 4.0
     assert out["critic/vf_loss"] == 1.0
     assert not any(k.startswith("train/") for k in out)
@@ -93,8 +110,9 @@ def test_nll_loss_is_normalised_by_the_global_token_count() -> None:
     mask = batch.loss_mask
     assert mask.sum() == 4  # two generated tokens a row
     logprobs = torch.where(mask.bool(), -1.5, -9.0)  # -9 off the mask must not count
-    mb = MicroBatch(batch=batch, index=0, count=1, global_num_loss_tokens=8.0,
-                    global_num_rows=4.0, dp_size=2)  # fmt: skip
+    mb = MicroBatch(
+        batch=batch, index=0, count=1, global_num_loss_tokens=8.0, global_num_rows=4.0, dp_size=2
+    )
     loss, metrics = NllLoss()(logprobs, None, None, mb)
     assert torch.isclose(loss, torch.tensor(0.75))  # 4 tokens x 1.5 / 8 tokens over all ranks
     assert metrics["sft/loss"] == 1.5  # x count x dp_size: the engine averages over pieces
