@@ -33,7 +33,13 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.aggregation import Aggregation, masked_mean
-from agentrl.algos.ops import check_same_shape, check_token_or_row, float_mask, row_chunks
+from agentrl.algos.ops import (
+    check_same_shape,
+    check_token_or_row,
+    empty_output,
+    float_mask,
+    row_chunks,
+)
 from agentrl.algos.registry import POLICY_LOSSES, register_policy_loss
 from agentrl.errors import ConfigError
 
@@ -132,15 +138,18 @@ def _clipped_surrogate(
     gradients (zero wherever the bound is active) with half the (B, T) temporaries. The bounds
     are float arithmetic on pos = [A >= 0] (no bool tensors).
     """
-    with torch.no_grad():
+    with torch.no_grad():  # (B, T) constants: each written once, on huge pages on CPU
         a = advantages.detach()
-        pos = torch.ge(a, 0.0, out=torch.empty_like(a))  # 1.0 where A >= 0
-        neg = 1.0 - pos
-        lo_t = neg * (1.0 - low)  # 0 where A >= 0, 1 - low where A < 0
-        if clip_c is None:  # no upper bound where A < 0: a bound no ratio reaches
-            hi_t = pos * (1.0 + high) + neg * torch.finfo(ratio.dtype).max
-        else:
-            hi_t = pos * (1.0 + high) + neg * clip_c
+
+        def new() -> Tensor:
+            return empty_output(a.shape, like=a)
+
+        pos = torch.ge(a, 0.0, out=new())  # 1.0 where A >= 0
+        neg = torch.mul(pos, -1.0, out=new()).add_(1.0)  # 1 - pos
+        lo_t = torch.mul(neg, 1.0 - low, out=new())  # 0 where A >= 0, 1 - low where A < 0
+        # where A < 0 the upper bound is clip_c, or (None) a bound no ratio reaches
+        top = torch.finfo(ratio.dtype).max if clip_c is None else clip_c
+        hi_t = torch.mul(pos, 1.0 + high, out=new()).add_(neg, alpha=top)
     loss = (torch.clamp(ratio, lo_t, hi_t) * advantages).neg_()
     tests: list[tuple[float | Tensor, bool, Tensor | None]] = [
         (1.0 + high, True, pos),  # clipped above, A >= 0
