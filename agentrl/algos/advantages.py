@@ -434,5 +434,7 @@ def remax_advantage(inp: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor,
     """
     baseline = inp.require("baseline_rewards", "remax")
     returns = inp.discounted_returns(cfg.gamma)  # 0 on mask-0 tokens
-    m = inp.response_mask.to(returns.dtype)
-    return torch.addcmul(returns, m, baseline.to(returns.dtype)[:, None], value=-1.0), returns
+    m = float_mask(inp.response_mask, returns.dtype)
+    b = baseline.to(returns.dtype)[:, None]
+    adv = torch.addcmul(returns, m, b, value=-1.0, out=empty_output(returns.shape, like=returns))
+    return adv, returns
