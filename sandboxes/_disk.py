@@ -119,7 +119,14 @@ async def make_home(home: Path, disk_mb: int, *, required: bool = False) -> int:
         try:
             spare = _take_spare(disk_mb)
             if spare is None or not _use_spare(home, disk_mb, spare):
-                await asyncio.to_thread(_make_capped, home, disk_mb)
+                made = asyncio.ensure_future(asyncio.to_thread(_make_capped, home, disk_mb))
+                try:
+                    await asyncio.shield(made)
+                except asyncio.CancelledError:  # let the thread finish before cleaning up
+                    await asyncio.wait([made])
+                    if not made.cancelled():
+                        made.exception()  # retrieved: the cancellation is what we report
+                    raise
             return disk_mb
         except BaseException as e:
             await asyncio.shield(remove_home(home))
