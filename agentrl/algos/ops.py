@@ -393,19 +393,20 @@ def count_scan(
 
     before = scratch.keep(f"count_before_{x.dtype}_{gamma!r}", lambda: ones(True))
     from_ = scratch.keep(f"count_from_{x.dtype}", lambda: ones(False))
+    block_ones = scratch.keep(f"count_ones_{x.dtype}", lambda: x.new_ones(BLOCK))
     r, t = out.shape
     rn, n = x.numel() // BLOCK, x.shape[1] // BLOCK
     mb = m.view(rn, BLOCK)
+    counts = torch.mv(mb, block_ones).view(r, n).to(torch.float64)  # C_j, exact
     w = torch.mm(mb, before, out=scratch.get("count_w", rn, BLOCK, x))  # e_t ln(gamma)
-    counts = (w[:, -1] / log_g).round_().add_(mb[:, -1]).view(r, n).to(torch.float64)  # C_j
     w.exp_()
     s = torch.mm(x.view(rn, BLOCK).mul_(w), from_, out=scratch.get("count_s", rn, BLOCK, x))
-    lam = counts.cumsum(-1).sub_(counts).mul_(log_g)  # N_j ln(gamma), N_j exclusive
-    z = torch.mul(s[:, 0].view(r, n), lam.exp())  # float64 (a new tensor, s is intact)
-    z = z.flip(-1).cumsum(-1).flip(-1)  # sum_{k >= j} gamma^N_k a_k
-    carry = torch.zeros_like(z)
-    carry[:, :-1] = z[:, 1:] * lam[:, :-1].neg().exp()
-    s.view(r, n, BLOCK).add_(carry.to(x.dtype)[:, :, None])
+    grow = counts.cumsum(-1).sub_(counts).mul_(log_g).exp_()  # gamma^N_j, N_j exclusive
+    # sum_{k > j} gamma^N_k a_k, then / gamma^N_j: a suffix sum, so summed back to front
+    tail = torch.mul(s[:, 0].view(r, n), grow).flip(-1).cumsum_(-1)[:, :-1].flip(-1)
+    carry = x.new_zeros(r, n)
+    torch.div(tail, grow[:, :-1], out=carry[:, :-1])  # c_j, rounded once
+    s.view(r, n, BLOCK).add_(carry[:, :, None])
     torch.div(s.view(r, -1)[:, :t], w.view(r, -1)[:, :t], out=out)
     return out.mul_(m[:, :t]) if masked else out
 
