@@ -21,6 +21,7 @@ SEEDS = [0, 1, 2]
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.timeout(3600)  # three full runs; ~4 min each on 2 free cores, more on a busy machine
 def test_quickstart_rises_by_two_standard_errors_on_every_seed(tmp_path: Path) -> None:
     overrides = [f"output_dir={tmp_path}", "logging.console=false", "checkpoint.every=0"]
