@@ -15,11 +15,13 @@ function of this package does), or call :func:`token_level` for a dense (B, T) t
 off the mask.
 
 Every estimator is vectorised: group statistics use ``index_add`` over dense group ids and
-time recursions use the blocked scan of :mod:`agentrl.algos.ops` over cache-sized chunks of
-rows; nothing loops over samples, groups or time steps in Python. Estimators without a critic
+time recursions use the blocked scans of :mod:`agentrl.algos.ops` over cache-sized chunks of
+rows (skipping multi-turn holes by counting them, :func:`agentrl.algos.ops.count_scan`);
+nothing loops over samples, groups or time steps in Python. Estimators without a critic
 return the advantages tensor itself as the returns (not a copy). Advantages are constants of
 the policy loss, so estimators run under ``torch.no_grad`` and work in place where they can
-(on CPU a fresh (B, T) tensor costs page faults that dwarf the arithmetic).
+(on CPU a fresh (B, T) tensor costs page faults that dwarf the arithmetic; the (B, T)
+results are allocated with :func:`agentrl.algos.ops.empty_output`, on huge pages).
 
 Deliberate departures from the papers and common implementations:
 - Multi-turn masks with holes: GAE and discounted returns run over generated (mask-1) tokens
