@@ -194,6 +194,8 @@ async def test_concurrent_sessions_on_one_server(
     async with asyncio.timeout(300):
         while all_open.n_waiting < sessions and not any(t.done() for t in tasks):
             await asyncio.sleep(0.05)
+        ended = [t.exception() or t.result() for t in tasks if t.done()]
+        assert not ended, f"{len(ended)} sessions ended before all were open: {ended[:3]!r}"
         assert server.metrics()["sessions_open"] == sessions  # all live at once
         assert server.pool is not None and server.pool.stats().live >= sessions
         t0 = time.perf_counter()
