@@ -37,13 +37,10 @@ from agentrl.algos import (
     ISCorrectionConfig,
     apply_kl_to_reward,
     kl_penalty,
-    overlong_filter_mask,
-    overlong_penalty,
     rollout_is_weights,
 )
 from agentrl.algos.aggregation import masked_mean
 from agentrl.algos.filters import group_has_signal
-from agentrl.algos.ops import scatter_to_last_token
 from agentrl.batch import TrainBatch
 from agentrl.chat import ChatTemplate
 from agentrl.config import to_dict, to_yaml
@@ -52,7 +49,7 @@ from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError, TrainingError
 from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress, read_jsonl
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.types import RolloutStatus, Trajectory, TrajectoryGroup
+from agentrl.types import Trajectory, TrajectoryGroup
 from trainers.checkpoint import (
     CheckpointManager,
     TrainerState,
@@ -60,7 +57,7 @@ from trainers.checkpoint import (
     load_state,
     restore_rng,
 )
-from trainers.config import KLConfig, OverlongConfig, RunConfig
+from trainers.config import KLConfig, RunConfig
 from trainers.eval import eval_metrics, write_report
 from trainers.runtime import (
     exit_on_sigterm,
@@ -71,6 +68,8 @@ from trainers.runtime import (
 )
 from trainers.serving import Fleet
 from trainers.sft import warm_up
+from trainers.shaping import apply_overlong, length_penalty
+from trainers.updates import report_skipped_updates
 from trainers.workers import ActorWorker, CriticUpdate, CriticWorker, PolicyUpdate, RefWorker
 
 logger = logging.getLogger(__name__)
@@ -172,7 +171,7 @@ class Trainer:
             metrics |= self.advantages(batch)
         with self.timer.time("update"):
             metrics |= self.update(batch)
-        _report_skipped_updates(metrics, step)
+        report_skipped_updates(metrics, step)
         if self.ref is not None:  # the coefficient of the next step (adaptive controller)
             self.kl_ctl.update(metrics["train/kl"], n_steps=int(batch.sample_mask.sum()))
         with self.timer.time("sync"):
@@ -384,7 +383,9 @@ class Trainer:
                 baseline[group.uid] = sum(ok) / len(ok) if ok else 0.0
                 fallbacks += 1
                 continue
-            pen = self._overlong_penalty(torch.tensor([float(_generated_tokens(t))]))
+            pen = length_penalty(
+                torch.tensor([float(_generated_tokens(t))]), self.cfg.algo.overlong
+            )
             baseline[group.uid] = t.reward + float(pen[0])
         batch["baseline_rewards"] = torch.tensor([baseline[r.uid] for r in batch.rows])
         values = list(baseline.values())
@@ -394,35 +395,8 @@ class Trainer:
         }
 
     def overlong(self, batch: TrainBatch) -> dict[str, float]:
-        """DAPO overlong handling: the soft length penalty into the rewards (by the generated
-        tokens of each row's trajectory), then rows that ran out of tokens out of the loss."""
-        ol = self.cfg.algo.overlong
-        out: dict[str, float] = {}
-        if ol.penalty:
-            pen = self._overlong_penalty(_trajectory_lengths(batch))  # (B,)
-            batch["rewards"] = batch.rewards + pen
-            batch["token_rewards"] = batch.token_rewards + scatter_to_last_token(
-                pen, batch.loss_mask
-            )
-            rows = batch.sample_mask.bool()
-            out["train/overlong_penalty_mean"] = float(pen[rows].mean()) if rows.any() else 0.0
-        if ol.filter:
-            truncated = torch.tensor(
-                [r.status is RolloutStatus.TRUNCATED_LENGTH for r in batch.rows]
-            )
-            batch["loss_mask"] = overlong_filter_mask(batch.loss_mask, truncated)
-            batch["sample_mask"] = batch.sample_mask * (~truncated).to(batch.sample_mask.dtype)
-            out["train/overlong_filtered_rate"] = float(truncated.float().mean())
-        return out
-
-    def _overlong_penalty(self, lengths: torch.Tensor) -> torch.Tensor:
-        """(B,) penalty for generated-token counts (B,); zeros without algo.overlong.penalty."""
-        ol: OverlongConfig = self.cfg.algo.overlong
-        if not ol.penalty:
-            return torch.zeros(lengths.shape)
-        return overlong_penalty(
-            lengths, max_len=ol.max_len, cache_len=ol.cache_len, factor=ol.penalty_factor
-        )
+        """DAPO overlong handling on ``batch`` (``trainers.shaping.apply_overlong``)."""
+        return apply_overlong(batch, self.cfg.algo.overlong)
 
     def sync_weights(self, version: int) -> None:
         """Actor weights -> every server by ``inference.weight_sync`` (the embedded server's
@@ -600,29 +574,3 @@ def kl_controller(kl: KLConfig) -> FixedKLController | AdaptiveKLController:
 
 def _generated_tokens(traj: Trajectory) -> int:
     return sum(int(sum(s.loss_mask)) for s in traj.segments)
-
-
-def _trajectory_lengths(batch: TrainBatch) -> torch.Tensor:
-    """(B,) generated tokens of each row's whole trajectory (its rows are its segments)."""
-    index: dict[str, int] = {}
-    traj = torch.tensor([index.setdefault(r.trajectory_id, len(index)) for r in batch.rows])
-    per_row = batch.loss_mask.sum(-1)
-    per_traj = torch.zeros(len(index), dtype=per_row.dtype).index_add_(0, traj, per_row)
-    return per_traj[traj]
-
-
-def _report_skipped_updates(metrics: dict[str, float], step: int) -> None:
-    """A warning that names why optimizer steps of this RL step were skipped (weights kept)."""
-    from trainers.engines.torch_native import SKIP_REASONS
-
-    share = metrics.get("train/skipped_step", 0.0)
-    if not share:
-        return
-    why = [text for r, text in SKIP_REASONS.items() if metrics.get(f"train/skipped_{r}", 0.0)]
-    logger.warning(
-        "step %d: %.0f%% of the policy's optimizer steps were skipped, weights unchanged for "
-        "them: %s",
-        step,
-        100 * share,
-        "; ".join(why) or "see train/skipped_* metrics",
-    )

@@ -15,6 +15,7 @@ the sum over micro-batches and ranks is the exact global mean.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ from agentrl.algos.losses import value_loss
 from agentrl.batch import TrainBatch
 from agentrl.engine import Engine, LossFn, MicroBatch
 from agentrl.logging import mean_metrics
+
+logger = logging.getLogger(__name__)
 
 Metrics = dict[str, float]
 LossMetrics = Mapping[str, float | torch.Tensor]
@@ -199,3 +202,20 @@ def run_epochs(
 def _renamed(key: str, prefix: str) -> str:
     head, sep, rest = key.partition("/")
     return f"{prefix}/{rest}" if sep and head == "train" else key
+
+
+def report_skipped_updates(metrics: Metrics, step: int) -> None:
+    """A warning that names why optimizer steps of this RL step were skipped (weights kept)."""
+    from trainers.engines.torch_native import SKIP_REASONS
+
+    share = metrics.get("train/skipped_step", 0.0)
+    if not share:
+        return
+    why = [text for r, text in SKIP_REASONS.items() if metrics.get(f"train/skipped_{r}", 0.0)]
+    logger.warning(
+        "step %d: %.0f%% of the policy's optimizer steps were skipped, weights unchanged for "
+        "them: %s",
+        step,
+        100 * share,
+        "; ".join(why) or "see train/skipped_* metrics",
+    )
