@@ -6,7 +6,6 @@ DeprecationWarning; write ``from agentrl.http import HttpGuard``.
 
 import warnings
 
-from agentrl.http.guard import *  # noqa: F403
 from agentrl.http.guard import (  # noqa: F401  # noqa: F401
     SESSION_HEADER,
     BodyTooLarge,

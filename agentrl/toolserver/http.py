@@ -6,7 +6,6 @@ release, with a DeprecationWarning; write ``from agentrl.http import ...``.
 
 import warnings
 
-from agentrl.http import *  # noqa: F403
 from agentrl.http import (  # noqa: F401  # noqa: F401  # noqa: F401
     NO_DOCS,
     SERVER_LOOP,
