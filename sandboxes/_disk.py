@@ -377,9 +377,11 @@ def _template(disk_mb: int) -> Path:
     """The formatted empty image of ``disk_mb``, made once (atomically)."""
     tpl = template_dir() / _TEMPLATE.format(mb=disk_mb)
     with _lock:
-        if not _state.get("swept"):
-            _state["swept"] = True
-            tpl.parent.mkdir(mode=0o700, exist_ok=True)
+        # made again if it went away (a temp cleaner, or tempfile.tempdir changed): an image
+        # copied into a missing directory would fail every new sandbox with ENOENT
+        tpl.parent.mkdir(mode=0o700, exist_ok=True)
+        if _state.get("swept") != str(tpl.parent):  # once per directory, per process
+            _state["swept"] = str(tpl.parent)
             drop_stale_spares()
         if tpl.exists():
             return tpl

@@ -280,6 +280,28 @@ async def test_disk_cap_is_on_by_default_and_never_shared(make: MakeSandbox) -> 
     assert (await boxes[1].exec("ls", timeout_s=10)).stdout == ""
 
 
+@pytest.mark.skipif(disk_cap_ready() is not None, reason=str(disk_cap_ready()))
+def test_disk_template_is_remade_where_its_directory_went_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The template directory is checked on every call, not once per process: after the
+    temp directory moves (or a temp cleaner removes it) new sandboxes still get a capped home
+    (CI once failed 8 of 24 sessions with ENOENT on the template's temporary file)."""
+    import tempfile
+
+    from sandboxes import _disk
+
+    for name in ("first", "second"):
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / name))
+        (tmp_path / name).mkdir()
+        tpl = _disk._template(16)
+        assert tpl.parent == tmp_path / name / "agentrl-disk-templates"
+        assert tpl.stat().st_size == 16 << 20
+    (tpl.parent / tpl.name).unlink()
+    tpl.parent.rmdir()  # what a temp cleaner does
+    assert _disk._template(16).exists()
+
+
 async def test_disk_cap_falls_back_with_a_warning(
     make: MakeSandbox, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
