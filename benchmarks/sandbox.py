@@ -98,8 +98,13 @@ COMMANDS = ["echo hi", "python3 -c pass", "ls /"]
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # sandboxes.local
 GOAL_RATIO = 2.0  # swerex-bash p50 sum / local p50 sum
 GOAL_HARDENING = 1.10  # local p50 / local-unhardened p50, exec (summed) and create
-UNHARDENED_SERVER = ("--no-sandbox-tokens", "--sandbox-option", "seccomp=false",
-                     "--sandbox-option", "disk_mb=0")  # fmt: skip
+UNHARDENED_SERVER = (
+    "--no-sandbox-tokens",
+    "--sandbox-option",
+    "seccomp=false",
+    "--sandbox-option",
+    "disk_mb=0",
+)
 LOAD = os.getloadavg()
 TOKEN = "bench-token-0123456789"
 CGROUP_PARENT = f"agentrl-bench{os.getpid()}"
@@ -199,8 +204,9 @@ def local_targets(root: str) -> list[Target]:
     ]
 
 
-def remote_target(url: str, name: str = "remote",
-                  note: str = "sandbox server on loopback (HTTP) -> local") -> Target:  # fmt: skip
+def remote_target(
+    url: str, name: str = "remote", note: str = "sandbox server on loopback (HTTP) -> local"
+) -> Target:
     from agentrl.sandbox import make_sandbox
 
     async def run(sb: Any, cmd: str) -> str:
@@ -209,8 +215,13 @@ def remote_target(url: str, name: str = "remote",
             raise RuntimeError(f"{cmd!r} failed remotely: {r.output}")
         return str(r.stdout)
 
-    return Target(name=name, create=lambda: make_sandbox("remote", url=url, token=TOKEN),
-                  exec=run, destroy=lambda sb: sb.close(), note=note)  # fmt: skip
+    return Target(
+        name=name,
+        create=lambda: make_sandbox("remote", url=url, token=TOKEN),
+        exec=run,
+        destroy=lambda sb: sb.close(),
+        note=note,
+    )
 
 
 def docker_target(root: str) -> Target | str:
@@ -225,8 +236,13 @@ def docker_target(root: str) -> Target | str:
     async def run(sb: Any, cmd: str) -> str:
         return str((await sb.exec(cmd, timeout_s=30)).stdout)
 
-    return Target(name="docker", create=lambda: make_sandbox("docker", root_dir=root),
-                  exec=run, destroy=lambda sb: sb.close(), note="docker exec")  # fmt: skip
+    return Target(
+        name="docker",
+        create=lambda: make_sandbox("docker", root_dir=root),
+        exec=run,
+        destroy=lambda sb: sb.close(),
+        note="docker exec",
+    )
 
 
 SWEREX_VENV = Path(__file__).resolve().parent / ".venv"
@@ -253,9 +269,11 @@ def swerex_targets() -> list[Target] | str:
         )
         from swerex.runtime.local import LocalRuntime
     except ImportError as e:
-        return (f"swerex: skipped, SWE-ReX is not installed ({e}); `python -m venv "
-                "--without-pip benchmarks/.venv && pip --python benchmarks/.venv/bin/python "
-                "install swe-rex` to compare")  # fmt: skip
+        return (
+            f"swerex: skipped, SWE-ReX is not installed ({e}); `python -m venv "
+            "--without-pip benchmarks/.venv && pip --python benchmarks/.venv/bin/python "
+            "install swe-rex` to compare"
+        )
 
     async def execute(rt: Any, cmd: str) -> str:
         r = await rt.execute(Command(command=cmd, shell=True, timeout=30))
@@ -298,8 +316,9 @@ def swerex_targets() -> list[Target] | str:
             await rt.close_session(CloseBashSessionRequest())
             await rt.close()
 
-        return Target(name=name, create=create, exec=run, destroy=close, note=note,
-                      failures=failures)  # fmt: skip
+        return Target(
+            name=name, create=create, exec=run, destroy=close, note=note, failures=failures
+        )
 
     async def plain_create() -> Any:
         return LocalRuntime()
@@ -334,11 +353,32 @@ def bwrap_target(root: str) -> Target:
         return home
 
     async def run(home: str, cmd: str) -> str:
-        argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-                "--setenv", "PATH", SANDBOX_PATH, *ro_view(list(DEFAULT_RO_PATHS)),
-                "--proc", "/proc", "--dev", "/dev", "--bind", f"{home}/ws", "/workspace",
-                "--bind", f"{home}/tmp", "/tmp", "--chdir", "/workspace",
-                "/bin/sh", "-c", cmd]  # fmt: skip
+        argv = [
+            "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            SANDBOX_PATH,
+            *ro_view(list(DEFAULT_RO_PATHS)),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--bind",
+            f"{home}/ws",
+            "/workspace",
+            "--bind",
+            f"{home}/tmp",
+            "/tmp",
+            "--chdir",
+            "/workspace",
+            "/bin/sh",
+            "-c",
+            cmd,
+        ]
         p = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
         out, _err = await p.communicate()
         if p.returncode != 0:
@@ -348,8 +388,13 @@ def bwrap_target(root: str) -> Target:
     async def destroy(home: str) -> None:
         shutil.rmtree(home, ignore_errors=True)
 
-    return Target(name="bwrap", create=create, exec=run, destroy=destroy,
-                  note="bare bwrap per command, same view; no cgroup, rlimits, uid drop")  # fmt: skip
+    return Target(
+        name="bwrap",
+        create=create,
+        exec=run,
+        destroy=destroy,
+        note="bare bwrap per command, same view; no cgroup, rlimits, uid drop",
+    )
 
 
 class PipeShell:
@@ -377,8 +422,13 @@ class PipeShell:
 def pipe_shell_target() -> Target:
     async def create() -> PipeShell:
         p = await asyncio.create_subprocess_exec(
-            "bash", "--noprofile", "--norc", stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)  # fmt: skip
+            "bash",
+            "--noprofile",
+            "--norc",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         return PipeShell(p)
 
     async def close(sh: PipeShell) -> None:
@@ -386,8 +436,13 @@ def pipe_shell_target() -> Target:
         sh.proc.stdin.close()
         await sh.proc.wait()
 
-    return Target(name="pipe-shell", create=create, exec=lambda sh, c: sh.run(c), destroy=close,
-                  note="one host bash over pipes, sentinel per command, no isolation")  # fmt: skip
+    return Target(
+        name="pipe-shell",
+        create=create,
+        exec=lambda sh, c: sh.run(c),
+        destroy=close,
+        note="one host bash over pipes, sentinel per command, no isolation",
+    )
 
 
 def subprocess_target() -> Target:
@@ -399,8 +454,13 @@ def subprocess_target() -> Target:
     async def nothing(_: Any = None) -> None:
         return None
 
-    return Target(name="subprocess", create=nothing, exec=run, destroy=nothing,
-                  note="asyncio subprocess on the host, no isolation")  # fmt: skip
+    return Target(
+        name="subprocess",
+        create=nothing,
+        exec=run,
+        destroy=nothing,
+        note="asyncio subprocess on the host, no isolation",
+    )
 
 
 @contextlib.asynccontextmanager
@@ -412,8 +472,7 @@ async def sandbox_server(tmp: str, *extra: str) -> AsyncIterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "TMPDIR": tmp}
-    argv = [sys.executable, "-m", "sandboxes.server", "--port", str(port), "--token", TOKEN,
-            *extra]  # fmt: skip
+    argv = [sys.executable, "-m", "sandboxes.server", "--port", str(port), "--token", TOKEN, *extra]
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -444,8 +503,9 @@ def failed(t: Target, e: Exception) -> str:
     return f"{t.name}: failed during the run ({type(e).__name__}: {first})"
 
 
-async def create_rounds(targets: list[Target], results: dict[str, Result], rounds: int,
-                        skipped: list[str]) -> None:  # fmt: skip
+async def create_rounds(
+    targets: list[Target], results: dict[str, Result], rounds: int, skipped: list[str]
+) -> None:
     """Create, one command, destroy: ``rounds`` rounds, each over every target in turn, so
     that load falls on all of them alike (as in ``exec_rounds``, every other round in reverse
     order)."""
@@ -477,8 +537,9 @@ async def concurrent(t: Target, res: Result, sandboxes: int, per_sandbox: int) -
         await asyncio.gather(*(t.destroy(s) for s in sbs))
 
 
-async def exec_rounds(targets: list[Target], results: dict[str, Result], n: int,
-                      skipped: list[str]) -> None:  # fmt: skip
+async def exec_rounds(
+    targets: list[Target], results: dict[str, Result], n: int, skipped: list[str]
+) -> None:
     """One sandbox per target, all open at once; ``n`` rounds, each timing every command once
     on every target in turn, so that the load of a shared machine falls on all of them alike.
     Every other round runs the targets in reverse order: no target always follows the same
@@ -538,39 +599,53 @@ async def measure(
 
 def print_tables(results: list[Result], skipped: list[str]) -> None:
     ms = 1e3
-    print(f"\n{'target':<17} {'create p50/p99 ms':>18} {'1st exec p50 ms':>15} "
-          f"{'destroy p50/p99 ms':>19} {'conc. exec/s':>12}  what")  # fmt: skip
+    print(
+        f"\n{'target':<17} {'create p50/p99 ms':>18} {'1st exec p50 ms':>15} "
+        f"{'destroy p50/p99 ms':>19} {'conc. exec/s':>12}  what"
+    )
     for r in results:
-        print(f"{r.target:<17} {pct(r.create_s, 50) * ms:8.1f} /{pct(r.create_s, 99) * ms:7.1f} "
-              f"{pct(r.first_exec_s, 50) * ms:15.1f} "
-              f"{pct(r.destroy_s, 50) * ms:9.1f} /{pct(r.destroy_s, 99) * ms:7.1f} "
-              f"{r.execs_per_s:12.0f}  {r.note}")  # fmt: skip
+        print(
+            f"{r.target:<17} {pct(r.create_s, 50) * ms:8.1f} /{pct(r.create_s, 99) * ms:7.1f} "
+            f"{pct(r.first_exec_s, 50) * ms:15.1f} "
+            f"{pct(r.destroy_s, 50) * ms:9.1f} /{pct(r.destroy_s, 99) * ms:7.1f} "
+            f"{r.execs_per_s:12.0f}  {r.note}"
+        )
     print(f"\n{'exec p50/p99 ms':<17}" + "".join(f"{c:>22}" for c in COMMANDS))
     for r in results:
-        cells = [f"{pct(r.exec_s[c], 50) * ms:9.1f} /{pct(r.exec_s[c], 99) * ms:8.1f}"
-                 for c in COMMANDS]  # fmt: skip
+        cells = [
+            f"{pct(r.exec_s[c], 50) * ms:9.1f} /{pct(r.exec_s[c], 99) * ms:8.1f}" for c in COMMANDS
+        ]
         print(f"{r.target:<17}" + "".join(f"{x:>22}" for x in cells))
     found = {r.python3 for r in results}
-    print(f"python3 found as {', '.join(sorted(found))} by every target" if len(found) == 1
-          else "python3 differs: " + ", ".join(f"{r.target} {r.python3}" for r in results))  # fmt: skip
+    print(
+        f"python3 found as {', '.join(sorted(found))} by every target"
+        if len(found) == 1
+        else "python3 differs: " + ", ".join(f"{r.target} {r.python3}" for r in results)
+    )
     by = {r.target: r for r in results}
     print()
     for ours, theirs in PAIRS:
         if ours in by and theirs in by:
-            ratios = [pct(by[theirs].exec_s[c], 50) / pct(by[ours].exec_s[c], 50)
-                      for c in COMMANDS]  # fmt: skip
-            print(f"{theirs} p50 / {ours} p50: "
-                  + ", ".join(f"{c!r} {x:.2f}x" for c, x in zip(COMMANDS, ratios, strict=True)))  # fmt: skip
+            ratios = [pct(by[theirs].exec_s[c], 50) / pct(by[ours].exec_s[c], 50) for c in COMMANDS]
+            print(
+                f"{theirs} p50 / {ours} p50: "
+                + ", ".join(f"{c!r} {x:.2f}x" for c, x in zip(COMMANDS, ratios, strict=True))
+            )
     for ours, base in HARDENING_PAIRS:
         if ours in by and base in by:
             ex, cr = hardening_ratios(by[ours], by[base])
-            print(f"hardening cost, {ours} over {base}: exec p50 (sum over the commands) "
-                  f"{ex:.3f}x, create p50 {cr:.3f}x")  # fmt: skip
+            print(
+                f"hardening cost, {ours} over {base}: exec p50 (sum over the commands) "
+                f"{ex:.3f}x, create p50 {cr:.3f}x"
+            )
     for s in skipped:
         print(s)
-    print("load average (1, 5, 15 min) at the start: "
-          + " ".join(f"{x:.2f}" for x in LOAD) + ", at the end: "
-          + " ".join(f"{x:.2f}" for x in os.getloadavg()))  # fmt: skip
+    print(
+        "load average (1, 5, 15 min) at the start: "
+        + " ".join(f"{x:.2f}" for x in LOAD)
+        + ", at the end: "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
     print(json.dumps(headline(by)))
     print(json.dumps(hardening_headline(by)))
 
@@ -587,12 +662,14 @@ def headline(by: dict[str, Result]) -> dict[str, object]:
     ratio = base / ours if ours and base else None
     return {
         "benchmark": "sandbox exec p50, sum over " + ", ".join(COMMANDS),
-        "baseline": f"swerex-bash (SWE-ReX session, no send delay) {base * 1e3:.1f} ms" if base
+        "baseline": f"swerex-bash (SWE-ReX session, no send delay) {base * 1e3:.1f} ms"
+        if base
         else "swerex-bash not measured (SWE-ReX not installed, not selected or failed)",
         "ours": f"local (exec agent) {ours * 1e3:.1f} ms" if ours else "local not measured",
-        "ratio": None if ratio is None else round(ratio, 2), "goal": f">= {GOAL_RATIO:g}",
+        "ratio": None if ratio is None else round(ratio, 2),
+        "goal": f">= {GOAL_RATIO:g}",
         "met": None if ratio is None else ratio >= GOAL_RATIO,
-    }  # fmt: skip
+    }
 
 
 def hardening_ratios(ours: Result, base: Result) -> tuple[float, float]:
@@ -610,9 +687,14 @@ def hardening_headline(by: dict[str, Result]) -> dict[str, object]:
 
     ours, base = by.get("local"), by.get("local-unhardened")
     if ours is None or base is None or not ours.create_s or not base.create_s:
-        return {"benchmark": "hardening cost (local)", "baseline": "not measured",
-                "ours": "not measured", "ratio": None,
-                "goal": f"<= {GOAL_HARDENING:g}", "met": None}  # fmt: skip
+        return {
+            "benchmark": "hardening cost (local)",
+            "baseline": "not measured",
+            "ours": "not measured",
+            "ratio": None,
+            "goal": f"<= {GOAL_HARDENING:g}",
+            "met": None,
+        }
     ex, cr = hardening_ratios(ours, base)
 
     def figures(r: Result) -> str:
@@ -620,14 +702,16 @@ def hardening_headline(by: dict[str, Result]) -> dict[str, object]:
         return f"exec {ms:.1f} ms, create {pct(r.create_s, 50) * 1e3:.1f} ms"
 
     return {
-        "benchmark": "hardening cost: local exec p50 (sum over " + ", ".join(COMMANDS)
+        "benchmark": "hardening cost: local exec p50 (sum over "
+        + ", ".join(COMMANDS)
         + ") and create p50, hardened defaults over the knobs off",
         "baseline": f"local-unhardened ({knobs(HARDENING_OFF)}): {figures(base)}",
         "ours": f"local (defaults: {knobs(hardened_knobs())}): {figures(ours)} "
         f"(exec {ex:.3f}x, create {cr:.3f}x)",
-        "ratio": round(max(ex, cr), 3), "goal": f"<= {GOAL_HARDENING:g}",
+        "ratio": round(max(ex, cr), 3),
+        "goal": f"<= {GOAL_HARDENING:g}",
         "met": max(ex, cr) <= GOAL_HARDENING,
-    }  # fmt: skip
+    }
 
 
 def hardened_knobs() -> dict[str, object]:
@@ -644,10 +728,15 @@ def knobs(d: dict[str, object]) -> str:
 
 HARDENING_PAIRS = [("local", "local-unhardened"), ("remote", "remote-unhardened")]
 PAIRS = [  # (ours, baseline or floor) for the per-command ratios
-    ("local", "swerex-bash"), ("local", "swerex-bash-stock"), ("local", "swerex"),
-    ("local", "bwrap"), ("local", "subprocess"), ("local-chain", "bwrap"),
-    ("local-bash", "swerex-bash"), ("local-bash", "pipe-shell"),
-]  # fmt: skip
+    ("local", "swerex-bash"),
+    ("local", "swerex-bash-stock"),
+    ("local", "swerex"),
+    ("local", "bwrap"),
+    ("local", "subprocess"),
+    ("local-chain", "bwrap"),
+    ("local-bash", "swerex-bash"),
+    ("local-bash", "pipe-shell"),
+]
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -674,8 +763,14 @@ async def main(args: argparse.Namespace) -> None:
                 )
             if "remote-unhardened" in wanted:
                 url = await stack.enter_async_context(sandbox_server(tmp, *UNHARDENED_SERVER))
-                targets.insert(5, remote_target(url, "remote-unhardened",
-                                                "the same, unhardened: " + " ".join(UNHARDENED_SERVER)))  # fmt: skip
+                targets.insert(
+                    5,
+                    remote_target(
+                        url,
+                        "remote-unhardened",
+                        "the same, unhardened: " + " ".join(UNHARDENED_SERVER),
+                    ),
+                )
             results = await measure([t for t in targets if t.name in wanted], args, skipped)
         print_tables(results, skipped)
     finally:

@@ -149,8 +149,14 @@ def child(fds):
         os.environ["PATH"] = env.get("PATH", os.environ.get("PATH", ""))  # posix_spawnp's lookup
         what, code = "run " + argv[0], 126
         try:
-            pid = os.posix_spawnp(argv[0], argv, env, setsid=True, setsigmask=(),
-                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))  # fmt: skip
+            pid = os.posix_spawnp(
+                argv[0],
+                argv,
+                env,
+                setsid=True,
+                setsigmask=(),
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            )
         except FileNotFoundError:
             code = 127
             raise
@@ -297,14 +303,28 @@ class Agent:
         if code is not None and code < 0:
             code = 128 - code  # killed by signal N: 128 + N, as a shell reports it
         parts = [p for cap in job.caps for p in cap.parts()]
-        header = {"ev": "done", "id": job.id, "code": -1 if code is None else code,
-                  "timed_out": job.timed_out, "lens": [len(p) for p in parts],
-                  "totals": [c.total for c in job.caps]}  # fmt: skip
+        header = {
+            "ev": "done",
+            "id": job.id,
+            "code": -1 if code is None else code,
+            "timed_out": job.timed_out,
+            "lens": [len(p) for p in parts],
+            "totals": [c.total for c in job.caps],
+        }
         send(header, b"".join(parts))
 
     def finish_error(self, job, message):
-        send({"ev": "done", "id": job.id, "code": 125, "timed_out": False, "error": message,
-              "lens": [0, 0, 0, 0], "totals": [0, 0]})  # fmt: skip
+        send(
+            {
+                "ev": "done",
+                "id": job.id,
+                "code": 125,
+                "timed_out": False,
+                "error": message,
+                "lens": [0, 0, 0, 0],
+                "totals": [0, 0],
+            }
+        )
 
     def parse_report(self, job):
         """A's report: ``P <pid>`` then ``S <status>`` (or ``C <code>``). Only A holds the pipe;
@@ -397,8 +417,11 @@ def setup():
     uid, gid = os.getuid(), os.getgid()
     if libc().unshare(CLONE_NEWUSER) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER) failed")
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                       ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
         with open("/proc/self/" + name, "w") as f:
             f.write(text)
     libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)

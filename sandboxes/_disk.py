@@ -79,8 +79,17 @@ _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 4, -100
 _MNT_DETACH = 2
 _EXT4_IOC_SHUTDOWN, _EXT4_GOING_FLAGS_NOLOGFLUSH = 0x8004587D, 2
 _TEMPLATE = "ext4-v2-{mb}M.img"
-_MKFS = ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal,^resize_inode",
-         "-E", "lazy_itable_init=1,nodiscard"]  # fmt: skip
+_MKFS = [
+    "mkfs.ext4",
+    "-q",
+    "-F",
+    "-m",
+    "0",
+    "-O",
+    "^has_journal,^resize_inode",
+    "-E",
+    "lazy_itable_init=1,nodiscard",
+]
 
 _lock = threading.Lock()  # template making and the "did a cap ever work" state
 _state: dict[str, str | bool] = {}  # "unavailable": why; "worked": a cap was made; ...
@@ -136,11 +145,15 @@ async def make_home(home: Path, disk_mb: int, *, required: bool = False) -> int:
         home.mkdir(mode=0o755)
     if required:
         home.rmdir()
-        raise SandboxError(f"disk_mb={disk_mb}: {why}; set disk_mb=0 for no cap, or "
-                           "require_isolation=False to run without one")  # fmt: skip
-    msg = (f"sandbox disk cap disk_mb={disk_mb} is off: {why}. The workspace and /tmp share "
-           "root_dir's disk (each file still capped by file_size_mb); set disk_mb=0 to "
-           "silence this, or require_isolation=True to refuse")  # fmt: skip
+        raise SandboxError(
+            f"disk_mb={disk_mb}: {why}; set disk_mb=0 for no cap, or "
+            "require_isolation=False to run without one"
+        )
+    msg = (
+        f"sandbox disk cap disk_mb={disk_mb} is off: {why}. The workspace and /tmp share "
+        "root_dir's disk (each file still capped by file_size_mb); set disk_mb=0 to "
+        "silence this, or require_isolation=True to refuse"
+    )
     if msg not in _warned:
         _warned.add(msg)
         logger.warning(msg)
@@ -190,8 +203,14 @@ def _use_spare(home: Path, disk_mb: int, spare: _Spare) -> bool:
     discarded) if that fails."""
     try:
         if spare.detached:
-            _syscall(_NR_MOVE_MOUNT, spare.fd, b"", _AT_FDCWD, str(home).encode(),
-                     _MOVE_MOUNT_F_EMPTY_PATH)  # fmt: skip
+            _syscall(
+                _NR_MOVE_MOUNT,
+                spare.fd,
+                b"",
+                _AT_FDCWD,
+                str(home).encode(),
+                _MOVE_MOUNT_F_EMPTY_PATH,
+            )
         else:
             _mount(spare.dev, home)
     except OSError as e:
@@ -212,8 +231,7 @@ def _fsmount(dev: str) -> int:
         _syscall(_NR_FSCONFIG, fs, _FSCONFIG_SET_STRING, b"source", dev.encode(), 0)
         _syscall(_NR_FSCONFIG, fs, _FSCONFIG_SET_FLAG, b"noinit_itable", None, 0)
         _syscall(_NR_FSCONFIG, fs, _FSCONFIG_CMD_CREATE, None, None, 0)
-        return _syscall(_NR_FSMOUNT, fs, _FSMOUNT_CLOEXEC,
-                        _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV)  # fmt: skip
+        return _syscall(_NR_FSMOUNT, fs, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV)
     finally:
         os.close(fs)
 
@@ -229,8 +247,12 @@ def _syscall(nr: int, *args: object) -> int:
 
 
 def _mount(dev: str, where: Path) -> None:
-    if _lib().mount(dev.encode(), str(where).encode(), b"ext4", _MS_NOSUID | _MS_NODEV,
-                    b"noinit_itable") != 0:  # fmt: skip
+    if (
+        _lib().mount(
+            dev.encode(), str(where).encode(), b"ext4", _MS_NOSUID | _MS_NODEV, b"noinit_itable"
+        )
+        != 0
+    ):
         err = ctypes.get_errno()
         raise OSError(err, f"mounting {dev} on {where}: {os.strerror(err)}")
 
@@ -394,8 +416,11 @@ def _template(disk_mb: int) -> Path:
             if p.returncode:
                 raise SandboxError(f"mkfs.ext4 failed: {p.stderr.strip()[:2000]}")
             with contextlib.suppress(OSError):  # no lost+found to delete in every home
-                subprocess.run(["debugfs", "-w", "-R", "rmdir lost+found", str(tmp)],
-                               capture_output=True, check=False)  # fmt: skip
+                subprocess.run(
+                    ["debugfs", "-w", "-R", "rmdir lost+found", str(tmp)],
+                    capture_output=True,
+                    check=False,
+                )
             os.replace(tmp, tpl)  # another process may have made one too: either is fine
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -448,8 +473,9 @@ def _attach(img: Path) -> tuple[str, int]:
     try:
         # struct loop_config: fd, block_size, struct loop_info64 (flags at byte 52), 8 reserved
         name = str(img).encode()[:63]  # what losetup shows
-        info = struct.pack("=5Q4I64s64s32s2Q", 0, 0, 0, 0, 0, 0, 0, 0, _LO_FLAGS_AUTOCLEAR,
-                           name, b"", b"", 0, 0)  # fmt: skip
+        info = struct.pack(
+            "=5Q4I64s64s32s2Q", 0, 0, 0, 0, 0, 0, 0, 0, _LO_FLAGS_AUTOCLEAR, name, b"", b"", 0, 0
+        )
         config = struct.pack("=II", backing, 0) + info + bytes(64)
         for _ in range(32):  # another process may take the free device first
             dev = f"/dev/loop{fcntl.ioctl(ctl, _LOOP_CTL_GET_FREE)}"
@@ -534,6 +560,8 @@ def backing_file(home: Path) -> Path | None:
 def explain_no_space(message: str, disk_mb: int) -> str:
     """``message`` plus the cap, when a write failed for lack of space."""
     if NO_SPACE in message and disk_mb > 0:
-        return (f"{message} (the sandbox's workspace and /tmp hold at most disk_mb={disk_mb} "
-                "MiB together; delete files or raise disk_mb)")  # fmt: skip
+        return (
+            f"{message} (the sandbox's workspace and /tmp hold at most disk_mb={disk_mb} "
+            "MiB together; delete files or raise disk_mb)"
+        )
     return message

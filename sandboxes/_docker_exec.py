@@ -137,8 +137,9 @@ def run_exec(
     started: concurrent.futures.Future[str],
 ) -> ExecOutcome:
     """The blocking exchange. ``started`` receives the exec id as soon as it exists."""
-    exec_id = api.exec_create(container_id, argv, stdin=True, user=user, workdir=workdir,
-                              environment=env)["Id"]  # fmt: skip
+    exec_id = api.exec_create(
+        container_id, argv, stdin=True, user=user, workdir=workdir, environment=env
+    )["Id"]
     started.set_result(exec_id)
     sock = raw_socket(api.exec_start(exec_id, socket=True))
     try:

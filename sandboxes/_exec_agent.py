@@ -91,14 +91,23 @@ class ExecAgent:
 
     @classmethod
     async def start(
-        cls, chain: list[str], env: dict[str, str], cg: _cgroup.SandboxCgroup | None,
-        leaf: _cgroup.Leaf | None, token: str,
-    ) -> ExecAgent:  # fmt: skip
+        cls,
+        chain: list[str],
+        env: dict[str, str],
+        cg: _cgroup.SandboxCgroup | None,
+        leaf: _cgroup.Leaf | None,
+        token: str,
+    ) -> ExecAgent:
         """Start the chain and wait for the agent's hello; ``SandboxError`` if it fails."""
         cmd = await Command.start(
-            chain, env, leaf, token, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            chain,
+            env,
+            leaf,
+            token,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         agent = cls(cmd, cg)
         loop = asyncio.get_running_loop()
         agent._tasks = [loop.create_task(agent._read()), loop.create_task(agent._read_err())]
@@ -113,8 +122,9 @@ class ExecAgent:
             await agent.stop()  # the caller removes the agent's leaf cgroup, and the agent with it
             if isinstance(e, TimeoutError | SandboxError):
                 why = e if isinstance(e, SandboxError) else "no answer"
-                raise SandboxError(f"the exec agent did not start: {why}{agent._stderr_tail()}"
-                                   ) from None  # fmt: skip
+                raise SandboxError(
+                    f"the exec agent did not start: {why}{agent._stderr_tail()}"
+                ) from None
             raise
         return agent
 
@@ -138,9 +148,18 @@ class ExecAgent:
         if not self.alive:
             raise SandboxError(f"the exec agent is not running ({self._dead or 'exited'})")
         rid = next(self._ids)
-        header = {"op": "run", "id": rid, "argv": argv, "cwd": cwd, "env": env,
-                  "timeout": timeout_s, "caps": list(caps), "rlimits": rlimits,
-                  "stdin": stdin is not None, "stream_out": stdout_file is not None}  # fmt: skip
+        header = {
+            "op": "run",
+            "id": rid,
+            "argv": argv,
+            "cwd": cwd,
+            "env": env,
+            "timeout": timeout_s,
+            "caps": list(caps),
+            "rlimits": rlimits,
+            "stdin": stdin is not None,
+            "stream_out": stdout_file is not None,
+        }
         fut = asyncio.get_running_loop().create_future()
         self._pending[rid] = _Pending(fut, caps, stdout_file)
         self._max_payload = max(self._max_payload, sum(caps))
@@ -209,10 +228,15 @@ class ExecAgent:
                 pos += n
             cap.total = max(totals[i], cap.total)
             caps.append(cap)
-        p.future.set_result(AgentReply(
-            exit_code=int(header["code"]), timed_out=bool(header["timed_out"]),
-            stdout=caps[0], stderr=caps[1], error=str(header.get("error", "")),
-        ))  # fmt: skip
+        p.future.set_result(
+            AgentReply(
+                exit_code=int(header["code"]),
+                timed_out=bool(header["timed_out"]),
+                stdout=caps[0],
+                stderr=caps[1],
+                error=str(header.get("error", "")),
+            )
+        )
 
     async def _read_err(self) -> None:
         err = self.cmd.proc.stderr
@@ -227,8 +251,9 @@ class ExecAgent:
     def _set_dead(self, why: str) -> None:
         self._dead = why
         if why != "killed":
-            logger.warning("the exec agent (pid %s) died: %s%s", self.cmd.proc.pid, why,
-                           self._stderr_tail())  # fmt: skip
+            logger.warning(
+                "the exec agent (pid %s) died: %s%s", self.cmd.proc.pid, why, self._stderr_tail()
+            )
 
     def _fail(self, why: str) -> None:
         """Mark the agent dead, SIGKILL its chain, and fail every pending request."""
@@ -287,9 +312,13 @@ class AgentSlot:
     chains) when it cannot start."""
 
     def __init__(
-        self, name: str, start: Callable[[], Awaitable[ExecAgent]],
-        cg: _cgroup.SandboxCgroup | None, *, enabled: bool,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        start: Callable[[], Awaitable[ExecAgent]],
+        cg: _cgroup.SandboxCgroup | None,
+        *,
+        enabled: bool,
+    ) -> None:
         self.name = name
         self.enabled = enabled
         self.agent: ExecAgent | None = None
@@ -319,8 +348,12 @@ class AgentSlot:
                 agent = await self._start()
             except SandboxError as e:
                 self.enabled = False
-                logger.warning("sandbox %s: %s; each command starts a fresh chain instead "
-                               "(slower, equally isolated)", self.name, e)  # fmt: skip
+                logger.warning(
+                    "sandbox %s: %s; each command starts a fresh chain instead "
+                    "(slower, equally isolated)",
+                    self.name,
+                    e,
+                )
                 return None
             if self._closed:  # closed while it started
                 await self._drop(agent)

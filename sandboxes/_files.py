@@ -42,8 +42,10 @@ class ExecFileOps(Sandbox):
     async def read_file(self, path: str) -> bytes:
         path = self.resolve(path)
         limit = self.max_file_bytes
-        script = ('[ -e "$1" ] || exit 3; [ -d "$1" ] && exit 4; [ -r "$1" ] || exit 5; '
-                  f'exec head -c {limit + 1} -- "$1"')  # fmt: skip
+        script = (
+            '[ -e "$1" ] || exit 3; [ -d "$1" ] && exit 4; [ -r "$1" ] || exit 5; '
+            f'exec head -c {limit + 1} -- "$1"'
+        )
         with tempfile.TemporaryFile() as f:
             r = await self._run(["/bin/sh", "-c", script, "sh", path], stdout_file=f)
             _raise_for_file(r, path, "read", self.disk_mb)
@@ -156,8 +158,9 @@ def _open_parent(root: int, parts: list[str], *, create: bool) -> int:
             try:
                 nfd = os.open(p, _DIR, dir_fd=fd)
             except OSError as e:  # ELOOP / ENOTDIR: a link or a file where a directory must be
-                raise SandboxError(f"{'/'.join(parts)}: {p!r} is not a directory ({e.strerror})"
-                                   ) from None  # fmt: skip
+                raise SandboxError(
+                    f"{'/'.join(parts)}: {p!r} is not a directory ({e.strerror})"
+                ) from None
             os.close(fd)
             fd = nfd
     except BaseException:
@@ -205,8 +208,9 @@ def _extract_member(tar: tarfile.TarFile, m: tarfile.TarInfo, root: int) -> None
             lparts = _parts(m.linkname)
             lparent = _open_parent(root, lparts, create=False)
             try:
-                lfd = os.open(lparts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=lparent)  # fmt: skip
+                lfd = os.open(
+                    lparts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=lparent
+                )
             finally:
                 os.close(lparent)
             src = os.fdopen(lfd, "rb")

@@ -91,9 +91,12 @@ async def copy_tree(src: Path, dst: Path, uid: int | None) -> None:
 async def run_checked(cmd: list[str], *, what: str, timeout_s: float = 3600.0) -> None:
     """Run a host command; ``SandboxError`` with its stderr when it fails or times out."""
     p = await asyncio.create_subprocess_exec(
-        *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        *cmd,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         async with asyncio.timeout(timeout_s):
             _, err = await p.communicate()
@@ -120,9 +123,20 @@ async def bwrap_works(uid: int | None, allow_network: bool, ro_paths: list[str])
                 if uid is not None
                 else []
             )
-            args = [*pre, "bwrap", "--unshare-all", *([] if not allow_network else ["--share-net"]),
-                    "--die-with-parent", *ro_view(ro_paths), "--proc", "/proc",
-                    "--dev", "/dev", "--", "true"]  # fmt: skip
+            args = [
+                *pre,
+                "bwrap",
+                "--unshare-all",
+                *([] if not allow_network else ["--share-net"]),
+                "--die-with-parent",
+                *ro_view(ro_paths),
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--",
+                "true",
+            ]
             p = await asyncio.create_subprocess_exec(
                 *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
             )
@@ -146,8 +160,10 @@ def report_isolation(require: bool, bwrap: bool, cg_reason: str | None, extra: s
             "the host network and other processes"
         )
     if cg_reason is not None:
-        missing.append(f"no cgroups ({cg_reason}): no memory or pids limit; leftover processes "
-                       "are found by their environment marker only")  # fmt: skip
+        missing.append(
+            f"no cgroups ({cg_reason}): no memory or pids limit; leftover processes "
+            "are found by their environment marker only"
+        )
     if not missing:
         return
     msg = "local sandbox isolation is weaker than configured: " + "; ".join(missing)

@@ -62,12 +62,20 @@ class Chain:
             chain += ["/bin/sh", "-c", script, "sh", *leaf.procs_files, "--"]
         if shutil.which("prlimit"):
             limits = [f"--fsize={c.file_size_mb << 20}", "--core=0"]
-            limits += [f"--nofile={max(c.nofile, 4096)}"] if agent else [
-                f"--cpu={c.cpu_time_s}", f"--nofile={c.nofile}"]  # fmt: skip
+            limits += (
+                [f"--nofile={max(c.nofile, 4096)}"]
+                if agent
+                else [f"--cpu={c.cpu_time_s}", f"--nofile={c.nofile}"]
+            )
             chain += ["prlimit", *limits, "--"]
         if self.uid is not None:
-            chain += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-                      "--"]  # fmt: skip
+            chain += [
+                "setpriv",
+                f"--reuid={self.uid}",
+                f"--regid={self.uid}",
+                "--clear-groups",
+                "--",
+            ]
         if not self.bwrap:
             return [*chain, "/usr/bin/env", "-C", workdir, *argv]
         seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
@@ -79,16 +87,42 @@ class Chain:
         in ``src``, or swaps in while the copy runs, resolves in that view, never the host's."""
         chain: list[str] = []
         if self.uid is not None:
-            chain += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-                      "--"]  # fmt: skip
+            chain += [
+                "setpriv",
+                f"--reuid={self.uid}",
+                f"--regid={self.uid}",
+                "--clear-groups",
+                "--",
+            ]
         cp = ["cp", "-a", "--reflink=auto", "--no-preserve=ownership"]
         if not self.bwrap:  # no isolation at all (see report_isolation): the uid drop only
             return [*chain, *cp, f"{src}/.", f"{dst}/"]
-        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-                "--setenv", "PATH", "/usr/bin:/bin", *ro_view(self.config.ro_paths)]  # fmt: skip
+        args = [
+            "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/bin:/bin",
+            *ro_view(self.config.ro_paths),
+        ]
         args += self._mask_root()
-        args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", str(src), "/src",
-                 "--bind", str(dst), "/dst", "--remount-ro", "/"]  # fmt: skip
+        args += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--ro-bind",
+            str(src),
+            "/src",
+            "--bind",
+            str(dst),
+            "/dst",
+            "--remount-ro",
+            "/",
+        ]
         return [*chain, *args, "--", *cp, "/src/.", "/dst/"]
 
     def _mask_root(self) -> list[str]:
@@ -100,20 +134,37 @@ class Chain:
     def rlimits(self) -> list[tuple[str, int]]:
         """The per-command limits, as the exec agent applies them."""
         c = self.config
-        return [("RLIMIT_CPU", c.cpu_time_s), ("RLIMIT_FSIZE", c.file_size_mb << 20),
-                ("RLIMIT_NOFILE", c.nofile), ("RLIMIT_CORE", 0)]  # fmt: skip
+        return [
+            ("RLIMIT_CPU", c.cpu_time_s),
+            ("RLIMIT_FSIZE", c.file_size_mb << 20),
+            ("RLIMIT_NOFILE", c.nofile),
+            ("RLIMIT_CORE", 0),
+        ]
 
     def _bwrap_args(self, cwd: str, inner_env: dict[str, str]) -> list[str]:
-        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-                "--hostname", "sandbox"]  # fmt: skip
+        args = [
+            "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--hostname",
+            "sandbox",
+        ]
         if self.config.allow_network:
             args.append("--share-net")
         for k, v in inner_env.items():
             args += ["--setenv", k, v]
         args += ro_view(self.config.ro_paths) + self._mask_root()
         args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--bind", str(self.home / "ws"), "/workspace",
-                 "--bind", str(self.home / "tmp"), "/tmp"]  # fmt: skip
+        args += [
+            "--bind",
+            str(self.home / "ws"),
+            "/workspace",
+            "--bind",
+            str(self.home / "tmp"),
+            "/tmp",
+        ]
         return [*args, "--remount-ro", "/", "--chdir", cwd]
 
 
@@ -144,9 +195,13 @@ class Command:
 
     @classmethod
     async def start(
-        cls, chain: list[str], env: dict[str, str], leaf: _cgroup.Leaf | None, token: str,
+        cls,
+        chain: list[str],
+        env: dict[str, str],
+        leaf: _cgroup.Leaf | None,
+        token: str,
         **pipes: Any,
-    ) -> Command:  # fmt: skip
+    ) -> Command:
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
             lambda: _Protocol(loop), *chain, env=env, start_new_session=True, **pipes

@@ -204,11 +204,21 @@ class DockerSandbox(ExecFileOps):
         started: concurrent.futures.Future[str] = concurrent.futures.Future()
         oom_before = self._oom_kills()
         start = loop.time()
-        task = asyncio.ensure_future(in_thread(
-            run_exec, self.client.api, self.container.id, wrapped, user=self.config.user,
-            workdir=self.resolve(cwd or self.workdir), env=self._env(env, token), stdin=stdin,
-            out=out, err=err, started=started,
-        ))  # fmt: skip
+        task = asyncio.ensure_future(
+            in_thread(
+                run_exec,
+                self.client.api,
+                self.container.id,
+                wrapped,
+                user=self.config.user,
+                workdir=self.resolve(cwd or self.workdir),
+                env=self._env(env, token),
+                stdin=stdin,
+                out=out,
+                err=err,
+                started=started,
+            )
+        )
         try:
             async with asyncio.timeout(timeout + 10.0):  # backstop if `timeout` itself hangs
                 outcome = await asyncio.shield(task)
@@ -246,8 +256,14 @@ class DockerSandbox(ExecFileOps):
         return f"{self.name}/{self._serial}"
 
     def _env(self, env: Mapping[str, str] | None, token: str) -> dict[str, str]:
-        base = {"PATH": _PATH, "HOME": self.workdir, "LANG": "C.UTF-8", "TERM": "dumb",
-                "TMPDIR": "/tmp", MARKER: token}  # fmt: skip
+        base = {
+            "PATH": _PATH,
+            "HOME": self.workdir,
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": "/tmp",
+            MARKER: token,
+        }
         return {**base, **self.config.env, **(env or {}), **REAPER_ENV}
 
     def _oom_kills(self) -> int:
@@ -267,10 +283,17 @@ class DockerSandbox(ExecFileOps):
         if self._closed:
             raise SandboxError(f"sandbox {self.name} is closed")
         api = self.client.api
-        exec_id = (await in_thread(
-            api.exec_create, self.container.id, reaped(argv), stdin=True, user=self.config.user,
-            workdir=self.resolve(cwd or self.workdir), environment=self._env(env, self._token()),
-        ))["Id"]  # fmt: skip
+        exec_id = (
+            await in_thread(
+                api.exec_create,
+                self.container.id,
+                reaped(argv),
+                stdin=True,
+                user=self.config.user,
+                workdir=self.resolve(cwd or self.workdir),
+                environment=self._env(env, self._token()),
+            )
+        )["Id"]
         sock = raw_socket(await in_thread(api.exec_start, exec_id, socket=True))
         proc = DockerProcess(api, exec_id, sock)
         self._procs.add(proc)
@@ -295,8 +318,14 @@ class DockerSandbox(ExecFileOps):
         cfg = dataclasses.replace(self.config, template_dir="")
         snap = await DockerSandbox.create(cfg, name=new_name(self.name + "-"))
         try:
-            await in_thread(_copy_in_container, self.client, self.config, f"{snap.name}-copy",
-                            self.home / "ws", snap.home / "ws")  # fmt: skip
+            await in_thread(
+                _copy_in_container,
+                self.client,
+                self.config,
+                f"{snap.name}-copy",
+                self.home / "ws",
+                snap.home / "ws",
+            )
         except BaseException:
             await asyncio.shield(snap.close())
             raise
@@ -375,13 +404,25 @@ def _copy_in_container(
     cp = ["cp", "-a", "--reflink=auto", "--no-preserve=ownership", "/src/.", "/dst/"]
     try:
         box = client.containers.run(
-            c.image, cp, name=name, detach=True, network_mode="none", runtime=c.runtime or None,
-            mem_limit=f"{c.memory_mb}m", memswap_limit=f"{c.memory_mb}m", pids_limit=16,
-            read_only=True, user=c.user, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-            mounts=[Mount(target="/src", source=str(src), type="bind", read_only=True),
-                    Mount(target="/dst", source=str(dst), type="bind")],
+            c.image,
+            cp,
+            name=name,
+            detach=True,
+            network_mode="none",
+            runtime=c.runtime or None,
+            mem_limit=f"{c.memory_mb}m",
+            memswap_limit=f"{c.memory_mb}m",
+            pids_limit=16,
+            read_only=True,
+            user=c.user,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            mounts=[
+                Mount(target="/src", source=str(src), type="bind", read_only=True),
+                Mount(target="/dst", source=str(dst), type="bind"),
+            ],
             labels={LABEL: name},
-        )  # fmt: skip
+        )
     except Exception as e:
         raise SandboxError(f"starting the copy container from {c.image!r} failed: {e}") from None
     try:
@@ -406,15 +447,28 @@ def _run_container(client: Any, c: DockerSandbox.Config, name: str, ws: Path) ->
     network = c.network or ("host" if c.allow_network else "none")
     try:
         return client.containers.run(
-            c.image, ["sleep", "infinity"], name=name, detach=True, init=True,
-            network_mode=network, runtime=c.runtime or None, hostname=None if network == "host" else "sandbox",
-            mem_limit=f"{c.memory_mb}m", memswap_limit=f"{c.memory_mb}m", pids_limit=c.pids_max,
-            nano_cpus=int(c.cpus * 1e9), ulimits=[Ulimit(name=k, soft=v, hard=v) for k, v in limit],
-            read_only=True, tmpfs={"/tmp": f"size={c.tmp_size_mb}m,mode=1777"},
+            c.image,
+            ["sleep", "infinity"],
+            name=name,
+            detach=True,
+            init=True,
+            network_mode=network,
+            runtime=c.runtime or None,
+            hostname=None if network == "host" else "sandbox",
+            mem_limit=f"{c.memory_mb}m",
+            memswap_limit=f"{c.memory_mb}m",
+            pids_limit=c.pids_max,
+            nano_cpus=int(c.cpus * 1e9),
+            ulimits=[Ulimit(name=k, soft=v, hard=v) for k, v in limit],
+            read_only=True,
+            tmpfs={"/tmp": f"size={c.tmp_size_mb}m,mode=1777"},
             mounts=[Mount(target="/workspace", source=str(ws), type="bind")],
-            user="0:0", working_dir="/workspace", cap_drop=["ALL"],  # execs run as c.user
-            security_opt=["no-new-privileges"], labels={LABEL: name},
+            user="0:0",
+            working_dir="/workspace",
+            cap_drop=["ALL"],  # execs run as c.user
+            security_opt=["no-new-privileges"],
+            labels={LABEL: name},
             environment={"PATH": _PATH},
-        )  # fmt: skip
+        )
     except Exception as e:
         raise SandboxError(f"starting a container from {c.image!r} failed: {e}") from None

@@ -130,8 +130,15 @@ class LocalSandbox(ExecFileOps):
         fresh isolation chain each (~30 ms); needs bubblewrap, cgroups and python3 in
         ``ro_paths``, else commands use fresh chains."""
 
-    def __init__(self, config: Config, name: str, home: Path, cg: _cgroup.SandboxCgroup | None,
-                 bwrap: bool, uid: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        name: str,
+        home: Path,
+        cg: _cgroup.SandboxCgroup | None,
+        bwrap: bool,
+        uid: int | None,
+    ) -> None:
         self.config = config
         self.max_file_bytes = config.max_file_bytes
         self.disk_mb = config.disk_mb
@@ -147,8 +154,12 @@ class LocalSandbox(ExecFileOps):
         self._isolation = Chain(config=config, home=home, uid=uid, bwrap=bwrap)
         self._seccomp = _seccomp.program(config.seccomp_allow) if bwrap and config.seccomp else None
         if bwrap and config.seccomp and self._seccomp is None:
-            report_isolation(config.require_isolation, True, None,
-                             extra=f"no syscall filter for {platform.machine()}")  # fmt: skip
+            report_isolation(
+                config.require_isolation,
+                True,
+                None,
+                extra=f"no syscall filter for {platform.machine()}",
+            )
         use_agent = config.exec_agent and bwrap and cg is not None
         self._agent = AgentSlot(name, self._start_agent, cg, enabled=use_agent)
 
@@ -162,8 +173,10 @@ class LocalSandbox(ExecFileOps):
         name = name or new_name()
         unknown = sorted(set(config.seccomp_allow) - set(_seccomp.BLOCKABLE))
         if unknown:
-            raise ConfigError(f"seccomp_allow names {unknown}, which the filter does not block; "
-                              f"it blocks {_seccomp.BLOCKABLE}")  # fmt: skip
+            raise ConfigError(
+                f"seccomp_allow names {unknown}, which the filter does not block; "
+                f"it blocks {_seccomp.BLOCKABLE}"
+            )
         uid = config.uid if os.geteuid() == 0 and config.uid >= 0 else None
         bwrap = (
             config.use_bwrap
@@ -244,12 +257,15 @@ class LocalSandbox(ExecFileOps):
         self._serial += 1
         oom_before = self.cgroup.oom_kills(agent.leaf)
         reply = await agent.run(
-            argv, cwd=self.resolve(cwd or self.workdir),
-            env=self._inner_env(env, f"{self.name}/{self._serial}"), timeout_s=timeout,
-            caps=caps, rlimits=self._isolation.rlimits(),
+            argv,
+            cwd=self.resolve(cwd or self.workdir),
+            env=self._inner_env(env, f"{self.name}/{self._serial}"),
+            timeout_s=timeout,
+            caps=caps,
+            rlimits=self._isolation.rlimits(),
             stdin=stdin if isinstance(stdin, bytes) else None,
             stdout_file=stdout_file,
-        )  # fmt: skip
+        )
         out, err = reply.stdout, reply.stderr
         return ExecResult(
             exit_code=-1 if reply.timed_out else reply.exit_code,
@@ -267,11 +283,13 @@ class LocalSandbox(ExecFileOps):
         inner = {"PATH": _PATH, "LANG": "C.UTF-8"}
         if self._seccomp is not None:  # the agent installs it on itself; commands inherit it
             inner[SECCOMP_ENV] = self._seccomp.hex()
-        chain = self._isolation.argv(agent_argv(), workdir="/workspace", leaf=leaf, agent=True,
-                                     inner_env=inner)  # fmt: skip
+        chain = self._isolation.argv(
+            agent_argv(), workdir="/workspace", leaf=leaf, agent=True, inner_env=inner
+        )
         try:
-            return await ExecAgent.start(chain, {"PATH": _PATH}, self.cgroup, leaf,
-                                         f"{self.name}/agent")  # fmt: skip
+            return await ExecAgent.start(
+                chain, {"PATH": _PATH}, self.cgroup, leaf, f"{self.name}/agent"
+            )
         except BaseException:
             await self.cgroup.remove_leaf(leaf)
             raise
@@ -291,11 +309,15 @@ class LocalSandbox(ExecFileOps):
         out, err = OutputCap(caps[0]), OutputCap(caps[1])
         start = loop.time()
         cmd = await self._spawn(
-            argv, cwd, env,
-            stdin=asyncio.subprocess.PIPE if isinstance(stdin, bytes) else (stdin or asyncio.subprocess.DEVNULL),
+            argv,
+            cwd,
+            env,
+            stdin=asyncio.subprocess.PIPE
+            if isinstance(stdin, bytes)
+            else (stdin or asyncio.subprocess.DEVNULL),
             stdout=stdout_file or asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         proc = cmd.proc
         pumps = [loop.create_task(_pump(proc.stderr, err))]
         if proc.stdout is not None:
@@ -349,12 +371,18 @@ class LocalSandbox(ExecFileOps):
             fd = os.memfd_create("agentrl-seccomp", 0)  # not CLOEXEC: the chain inherits it
             os.write(fd, self._seccomp)
             os.lseek(fd, 0, os.SEEK_SET)
-        chain = self._isolation.argv(argv, workdir=self.resolve(cwd or self.workdir), leaf=leaf,
-                                     inner_env=self._inner_env(env, token), seccomp_fd=fd)  # fmt: skip
+        chain = self._isolation.argv(
+            argv,
+            workdir=self.resolve(cwd or self.workdir),
+            leaf=leaf,
+            inner_env=self._inner_env(env, token),
+            seccomp_fd=fd,
+        )
         outer_env = {"PATH": _PATH, MARKER: token} if self.bwrap else self._inner_env(env, token)
         try:
-            return await Command.start(chain, outer_env, leaf, token,
-                                       pass_fds=() if fd is None else (fd,), **pipes)  # fmt: skip
+            return await Command.start(
+                chain, outer_env, leaf, token, pass_fds=() if fd is None else (fd,), **pipes
+            )
         except BaseException:
             if self.cgroup and leaf:
                 await self.cgroup.remove_leaf(leaf)
@@ -365,8 +393,14 @@ class LocalSandbox(ExecFileOps):
 
     def _inner_env(self, env: Mapping[str, str] | None, token: str) -> dict[str, str]:
         tmp = "/tmp" if self.bwrap else str(self.home / "tmp")
-        base = {"PATH": _PATH, "HOME": self.workdir, "LANG": "C.UTF-8", "TERM": "dumb",
-                "TMPDIR": tmp, MARKER: token}  # fmt: skip
+        base = {
+            "PATH": _PATH,
+            "HOME": self.workdir,
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": tmp,
+            MARKER: token,
+        }
         return {**base, **self.config.env, **(env or {})}
 
     # --- processes, snapshot, close --------------------------------------------------------------
@@ -375,9 +409,13 @@ class LocalSandbox(ExecFileOps):
     ) -> LocalProcess:
         self._check_open()
         cmd = await self._spawn(
-            argv, cwd, env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            argv,
+            cwd,
+            env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+        )
         lp = LocalProcess(cmd, self.cgroup, on_exit=self._procs.discard)
         self._procs.add(lp)
         return lp
@@ -395,8 +433,10 @@ class LocalSandbox(ExecFileOps):
         cfg = dataclasses.replace(self.config, template_dir="")
         snap = await LocalSandbox.create(cfg, name=new_name(self.name + "-"))
         try:
-            await run_checked(self._isolation.copy_argv(self.home / "ws", snap.home / "ws"),
-                              what=f"copying the workspace of {self.name}")  # fmt: skip
+            await run_checked(
+                self._isolation.copy_argv(self.home / "ws", snap.home / "ws"),
+                what=f"copying the workspace of {self.name}",
+            )
         except BaseException:
             await asyncio.shield(snap.close())
             raise

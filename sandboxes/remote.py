@@ -41,10 +41,12 @@ from sandboxes._files import extract_tar
 
 TOKEN_ENV = "AGENTRL_SANDBOX_TOKEN"
 URL_ENV = "AGENTRL_SANDBOX_URL"
-_EXC: dict[str, type[Exception]] = {"file_not_found": FileNotFoundError,
-                                    "is_a_directory": IsADirectoryError,
-                                    "permission_denied": PermissionError,
-                                    "broken_pipe": BrokenPipeError}  # fmt: skip
+_EXC: dict[str, type[Exception]] = {
+    "file_not_found": FileNotFoundError,
+    "is_a_directory": IsADirectoryError,
+    "permission_denied": PermissionError,
+    "broken_pipe": BrokenPipeError,
+}
 
 
 class RemoteSandbox(Sandbox):
@@ -82,12 +84,19 @@ class RemoteSandbox(Sandbox):
     def _api(cls, config: Config) -> ApiClient:
         url = config.url or os.environ.get(URL_ENV, "")
         if not url:
-            raise ConfigError(f"RemoteSandbox.Config.url is empty and {URL_ENV} is not set; "
-                              "point it at a sandbox server, e.g. url='http://127.0.0.1:8771' "
-                              "(python -m sandboxes.server)")  # fmt: skip
+            raise ConfigError(
+                f"RemoteSandbox.Config.url is empty and {URL_ENV} is not set; "
+                "point it at a sandbox server, e.g. url='http://127.0.0.1:8771' "
+                "(python -m sandboxes.server)"
+            )
         token = config.token or os.environ.get(TOKEN_ENV, "")
-        return ApiClient(url, token, timeout_s=config.http_timeout_s,
-                         retries=config.retries, backoff_s=config.retry_backoff_s)  # fmt: skip
+        return ApiClient(
+            url,
+            token,
+            timeout_s=config.http_timeout_s,
+            retries=config.retries,
+            backoff_s=config.retry_backoff_s,
+        )
 
     @classmethod
     async def create(cls, config: object, *, name: str | None = None) -> Self:
@@ -118,8 +127,13 @@ class RemoteSandbox(Sandbox):
     ) -> httpx2.Response:
         if self._closed:
             raise SandboxError(f"sandbox {self.name} is closed")
-        r = await self.api.send("POST", f"/sandboxes/{self.id}/{op}", timeout_s=timeout_s,
-                                headers=self._headers, **kwargs)  # fmt: skip
+        r = await self.api.send(
+            "POST",
+            f"/sandboxes/{self.id}/{op}",
+            timeout_s=timeout_s,
+            headers=self._headers,
+            **kwargs,
+        )
         _check(r)
         return r
 
@@ -134,9 +148,14 @@ class RemoteSandbox(Sandbox):
     ) -> ExecResult:
         timeout = self.config.exec_timeout_s if timeout_s is None else timeout_s
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        body = {"cmd": cmd, "timeout_s": timeout, "cwd": cwd, "env": dict(env) if env else None,
-                "stdin_b64": base64.b64encode(data).decode() if data is not None else None,
-                "request_id": uuid.uuid4().hex}  # fmt: skip
+        body = {
+            "cmd": cmd,
+            "timeout_s": timeout,
+            "cwd": cwd,
+            "env": dict(env) if env else None,
+            "stdin_b64": base64.b64encode(data).decode() if data is not None else None,
+            "request_id": uuid.uuid4().hex,
+        }
         r = await self._post("exec", json=body, timeout_s=timeout + self.config.http_timeout_s)
         return ExecResult(**r.json())
 
@@ -146,8 +165,12 @@ class RemoteSandbox(Sandbox):
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         blob = data.encode() if isinstance(data, str) else data
-        body = {"path": path, "data_b64": base64.b64encode(blob).decode(), "mode": mode,
-                "request_id": uuid.uuid4().hex}  # fmt: skip
+        body = {
+            "path": path,
+            "data_b64": base64.b64encode(blob).decode(),
+            "mode": mode,
+            "request_id": uuid.uuid4().hex,
+        }
         await self._post("write_file", json=body)
 
     async def upload(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
@@ -180,8 +203,9 @@ class RemoteSandbox(Sandbox):
     async def start_process(
         self, argv: list[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None
     ) -> RemoteProcess:
-        r = await self._post("processes", json={"argv": argv, "cwd": cwd,
-                                                "env": dict(env) if env else None})  # fmt: skip
+        r = await self._post(
+            "processes", json={"argv": argv, "cwd": cwd, "env": dict(env) if env else None}
+        )
         return RemoteProcess(self, r.json()["pid"])
 
     async def pids_in_use(self) -> tuple[int, int] | None:
@@ -192,8 +216,9 @@ class RemoteSandbox(Sandbox):
             raise SandboxError(f"sandbox {self.name} is closed")
         if not self._pids_route:
             return None
-        r = await self.api.send("POST", f"/sandboxes/{self.id}/pids", json={},
-                                headers=self._headers)  # fmt: skip
+        r = await self.api.send(
+            "POST", f"/sandboxes/{self.id}/pids", json={}, headers=self._headers
+        )
         if r.status_code in (404, 405) and api_error(r)[0] == "http":  # no such route there
             self._pids_route = False
             return None
@@ -235,8 +260,9 @@ class RemoteProcess(SandboxProcess):
         self._offset = 0  # output bytes received so far
 
     async def _op(self, op: str, **body: Any) -> dict[str, Any]:
-        r = await self._sb._post(f"processes/{self._pid}/{op}", json=body,
-                                 timeout_s=self._sb.config.http_timeout_s + 30)  # fmt: skip
+        r = await self._sb._post(
+            f"processes/{self._pid}/{op}", json=body, timeout_s=self._sb.config.http_timeout_s + 30
+        )
         out: dict[str, Any] = r.json()
         self._alive = bool(out.get("alive", self._alive))
         return out
@@ -275,8 +301,10 @@ def _check(r: httpx2.Response) -> None:
         return
     kind, msg = api_error(r)
     if r.status_code == 401:
-        raise SandboxError(f"the sandbox server refused the token ({msg}); set "
-                           f"RemoteSandbox.Config.token or {TOKEN_ENV}")  # fmt: skip
+        raise SandboxError(
+            f"the sandbox server refused the token ({msg}); set "
+            f"RemoteSandbox.Config.token or {TOKEN_ENV}"
+        )
     raise _EXC.get(kind, SandboxError)(msg if kind in _EXC else f"{kind}: {msg}")
 
 

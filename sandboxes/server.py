@@ -77,8 +77,11 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 TOKEN_ENV = "AGENTRL_SANDBOX_TOKEN"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_FILE_ERRORS = {FileNotFoundError: (404, "file_not_found"), IsADirectoryError:
-                (409, "is_a_directory"), PermissionError: (403, "permission_denied")}  # fmt: skip
+_FILE_ERRORS = {
+    FileNotFoundError: (404, "file_not_found"),
+    IsADirectoryError: (409, "is_a_directory"),
+    PermissionError: (403, "permission_denied"),
+}
 
 
 class CreateRequest(BaseModel):
@@ -130,9 +133,18 @@ class SandboxServer:
         token: str = ""
         """Bearer token required on every route but /health ("" = none; loopback only)."""
         backend: str = "local"
-        allowed_options: list[str] = field(default_factory=lambda: [
-            "memory_mb", "pids_max", "cpu_time_s", "file_size_mb", "nofile", "exec_timeout_s",
-            "max_output_bytes", "max_file_bytes"])  # fmt: skip
+        allowed_options: list[str] = field(
+            default_factory=lambda: [
+                "memory_mb",
+                "pids_max",
+                "cpu_time_s",
+                "file_size_mb",
+                "nofile",
+                "exec_timeout_s",
+                "max_output_bytes",
+                "max_file_bytes",
+            ]
+        )
         """Backend config keys a client may set per sandbox (add "allow_network" to allow it)."""
         max_sandboxes: int = 64
         idle_ttl_s: float = 1800.0
@@ -177,8 +189,11 @@ class SandboxServer:
             now = time.monotonic()
             for sid, e in list(self.entries.items()):
                 if e.busy == 0 and now - e.last_used > self.config.idle_ttl_s:
-                    logger.info("sandbox %s idle for over %.0fs; closing it", e.sandbox.name,
-                                self.config.idle_ttl_s)  # fmt: skip
+                    logger.info(
+                        "sandbox %s idle for over %.0fs; closing it",
+                        e.sandbox.name,
+                        self.config.idle_ttl_s,
+                    )
                     await self.remove(sid)
 
     # --- sandboxes -------------------------------------------------------------------------
@@ -206,30 +221,47 @@ class SandboxServer:
 
     async def _create(self, req: CreateRequest) -> tuple[str, Sandbox]:
         if len(self.entries) >= self.config.max_sandboxes:
-            raise ApiError(503, "too_many_sandboxes", f"{len(self.entries)} sandboxes are open "
-                           "(max_sandboxes); close some first")  # fmt: skip
+            raise ApiError(
+                503,
+                "too_many_sandboxes",
+                f"{len(self.entries)} sandboxes are open (max_sandboxes); close some first",
+            )
         refused = sorted(set(req.options) - set(self.config.allowed_options))
         if refused:
-            raise ApiError(403, "option_refused", f"this server does not let clients set "
-                           f"{refused}; allowed: {self.config.allowed_options}")  # fmt: skip
+            raise ApiError(
+                403,
+                "option_refused",
+                f"this server does not let clients set "
+                f"{refused}; allowed: {self.config.allowed_options}",
+            )
         if req.name and not _NAME.fullmatch(req.name):
-            raise ApiError(400, "bad_name", f"sandbox name {req.name!r} is not "
-                           "[A-Za-z0-9_.-]{1,128}")  # fmt: skip
+            raise ApiError(
+                400, "bad_name", f"sandbox name {req.name!r} is not [A-Za-z0-9_.-]{{1,128}}"
+            )
         for sid, e in self.entries.items():
             if e.sandbox.name != req.name:
                 continue
             if req.request_id or self.config.sandbox_tokens:  # never hand out another's
-                raise ApiError(409, "name_taken", f"a sandbox named {req.name} exists already "
-                               "(made by another request); pick another name")  # fmt: skip
+                raise ApiError(
+                    409,
+                    "name_taken",
+                    f"a sandbox named {req.name} exists already "
+                    "(made by another request); pick another name",
+                )
             return sid, e.sandbox  # no request id: a retried create from an older client
         if req.name in self.creating:
-            raise ApiError(409, "busy", f"sandbox {req.name} is being created by another "
-                           "request; pick another name or retry shortly")  # fmt: skip
+            raise ApiError(
+                409,
+                "busy",
+                f"sandbox {req.name} is being created by another "
+                "request; pick another name or retry shortly",
+            )
         name = req.name or new_name()
         self.creating.add(name)
         try:
-            sb = await make_sandbox(self.config.backend, self.sandbox_config, name=name,
-                                    **req.options)  # fmt: skip
+            sb = await make_sandbox(
+                self.config.backend, self.sandbox_config, name=name, **req.options
+            )
         except ConfigError as e:
             raise ApiError(400, "config_error", str(e)) from e
         except SandboxError as e:
@@ -241,8 +273,9 @@ class SandboxServer:
             await sb.close()
             raise ApiError(410, "swept", f"sandbox {name} was swept while it was being created")
         sid = uuid.uuid4().hex
-        self.entries[sid] = Entry(sandbox=sb, cache=ReplayCache(self.config.replay_cache),
-                                  request_id=req.request_id)  # fmt: skip
+        self.entries[sid] = Entry(
+            sandbox=sb, cache=ReplayCache(self.config.replay_cache), request_id=req.request_id
+        )
         return sid, sb
 
     def authorize(self, scope: Any) -> Refusal | None:
@@ -253,9 +286,12 @@ class SandboxServer:
         e = self.entries.get(parts[2])
         if e is None or tokens_equal(header(scope, SESSION_HEADER.lower().encode()), e.token):
             return None  # unknown ids (and /sandboxes/sweep) are the app's to answer
-        return Refusal(403, "wrong_sandbox_token",
-                       f"sandbox {parts[2]} was created by another client: send the token "
-                       f"its create returned in {SESSION_HEADER}")  # fmt: skip
+        return Refusal(
+            403,
+            "wrong_sandbox_token",
+            f"sandbox {parts[2]} was created by another client: send the token "
+            f"its create returned in {SESSION_HEADER}",
+        )
 
     async def remove(self, sid: str) -> bool:
         e = self.entries.pop(sid, None)
@@ -274,8 +310,12 @@ class SandboxServer:
         """Run ``fn`` on a sandbox, mapping failures to structured errors."""
         e = self.entries.get(sid)
         if e is None:
-            raise ApiError(404, "unknown_sandbox", f"no sandbox {sid!r}: it was closed or idle "
-                           f"longer than {self.config.idle_ttl_s:g}s")  # fmt: skip
+            raise ApiError(
+                404,
+                "unknown_sandbox",
+                f"no sandbox {sid!r}: it was closed or idle "
+                f"longer than {self.config.idle_ttl_s:g}s",
+            )
         e.busy += 1
         try:
             seen = e.cache.get(request_id)
@@ -306,9 +346,12 @@ class SandboxServer:
         app.get("/health")(lambda: {"ok": True, "sandboxes": len(self.entries)})
         app.include_router(_router(self))
         c = self.config
-        guard = HttpGuard.Config(token=c.token, max_body_bytes=c.max_body_bytes,
-                                 route_caps={"/sandboxes/*/upload": c.max_upload_bytes},
-                                 cap_hint="raise the server's --max-body-mb or --max-upload-mb")  # fmt: skip
+        guard = HttpGuard.Config(
+            token=c.token,
+            max_body_bytes=c.max_body_bytes,
+            route_caps={"/sandboxes/*/upload": c.max_upload_bytes},
+            cap_hint="raise the server's --max-body-mb or --max-upload-mb",
+        )
         app.add_middleware(HttpGuard, config=guard, authorize=self.authorize)
         return app
 
@@ -333,10 +376,21 @@ def _router(srv: SandboxServer) -> APIRouter:
         stdin = base64.b64decode(req.stdin_b64) if req.stdin_b64 is not None else None
 
         async def run(e: Entry) -> dict[str, Any]:
-            res = await e.sandbox.exec(req.cmd, timeout_s=req.timeout_s, cwd=req.cwd,
-                                       env=req.env, stdin=stdin)  # fmt: skip
-            return {k: getattr(res, k) for k in ("exit_code", "stdout", "stderr", "timed_out",
-                                                 "duration_s", "truncated", "oom_killed")}  # fmt: skip
+            res = await e.sandbox.exec(
+                req.cmd, timeout_s=req.timeout_s, cwd=req.cwd, env=req.env, stdin=stdin
+            )
+            return {
+                k: getattr(res, k)
+                for k in (
+                    "exit_code",
+                    "stdout",
+                    "stderr",
+                    "timed_out",
+                    "duration_s",
+                    "truncated",
+                    "oom_killed",
+                )
+            }
 
         return await srv.use(sid, run, req.request_id)
 
@@ -348,8 +402,9 @@ def _router(srv: SandboxServer) -> APIRouter:
     @r.post("/{sid}/write_file")
     async def write_file(sid: str, req: WriteRequest) -> dict[str, bool]:
         data = base64.b64decode(req.data_b64)
-        await srv.use(sid, lambda e: e.sandbox.write_file(req.path, data, mode=req.mode),
-                      req.request_id)  # fmt: skip
+        await srv.use(
+            sid, lambda e: e.sandbox.write_file(req.path, data, mode=req.mode), req.request_id
+        )
         return {"ok": True}
 
     @r.post("/{sid}/pids")
@@ -371,8 +426,9 @@ def _transfer_routes(r: APIRouter, srv: SandboxServer) -> None:
     """upload (a file, or a tar of a directory, as the body) and download (a tar)."""
 
     @r.post("/{sid}/upload")
-    async def upload(sid: str, request: Request, path: str, is_dir: bool = False,
-                     request_id: str = "") -> dict[str, bool]:  # fmt: skip
+    async def upload(
+        sid: str, request: Request, path: str, is_dir: bool = False, request_id: str = ""
+    ) -> dict[str, bool]:
         body = await request.body()
 
         async def run(e: Entry) -> None:
@@ -431,21 +487,38 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-sandboxes", type=int, default=64)
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body")
     p.add_argument("--max-upload-mb", type=float, default=1024.0, help="largest upload body")
-    p.add_argument("--no-sandbox-tokens", action="store_true",
-                   help="no per-sandbox token: any holder of --token may use any sandbox")  # fmt: skip
-    p.add_argument("--sandbox-option", action="append", default=[], metavar="KEY=JSON",
-                   help="the backend's config for every sandbox, e.g. disk_mb=8192 or "
-                   'seccomp=false or \'ro_paths=["/usr","/opt/venv"]\' (repeatable)')  # fmt: skip
+    p.add_argument(
+        "--no-sandbox-tokens",
+        action="store_true",
+        help="no per-sandbox token: any holder of --token may use any sandbox",
+    )
+    p.add_argument(
+        "--sandbox-option",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="the backend's config for every sandbox, e.g. disk_mb=8192 or "
+        'seccomp=false or \'ro_paths=["/usr","/opt/venv"]\' (repeatable)',
+    )
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     check_bind(a.host, a.token, token_env=TOKEN_ENV, serves="run commands in its sandboxes")
-    cfg = SandboxServer.Config(token=a.token, backend=a.backend, max_sandboxes=a.max_sandboxes,
-                               max_body_bytes=int(a.max_body_mb * (1 << 20)),
-                               max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
-                               sandbox_tokens=not a.no_sandbox_tokens)  # fmt: skip
+    cfg = SandboxServer.Config(
+        token=a.token,
+        backend=a.backend,
+        max_sandboxes=a.max_sandboxes,
+        max_body_bytes=int(a.max_body_mb * (1 << 20)),
+        max_upload_bytes=int(a.max_upload_mb * (1 << 20)),
+        sandbox_tokens=not a.no_sandbox_tokens,
+    )
     sandbox_cfg = build_config(sandbox_class(a.backend), None, _options(a.sandbox_option))
-    uvicorn.run(SandboxServer(cfg, sandbox_cfg).app(), host=a.host, port=a.port,
-                log_level="warning", loop=SERVER_LOOP)  # fmt: skip
+    uvicorn.run(
+        SandboxServer(cfg, sandbox_cfg).app(),
+        host=a.host,
+        port=a.port,
+        log_level="warning",
+        loop=SERVER_LOOP,
+    )
 
 
 def _options(items: list[str]) -> dict[str, Any]:

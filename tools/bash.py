@@ -114,16 +114,20 @@ class BashSession:
         left = ""
         if _near_limit(await self.sandbox.pids_in_use()):
             left = "; the sandbox is still at its limit: other commands hold the processes"
-        return (f"[the sandbox reached its process limit (pids_max={usage[1]}, {usage[0]} in "
-                "use: a fork bomb or runaway background jobs); every process of this shell was "
-                f"killed and the shell was restarted: working directory and variables were "
-                f"reset{left}]")  # fmt: skip
+        return (
+            f"[the sandbox reached its process limit (pids_max={usage[1]}, {usage[0]} in "
+            "use: a fork bomb or runaway background jobs); every process of this shell was "
+            f"killed and the shell was restarted: working directory and variables were "
+            f"reset{left}]"
+        )
 
     async def _run(self, command: str, timeout_s: float) -> BashOutput:
         nonce = uuid.uuid4().hex
         b64 = base64.b64encode(command.encode()).decode()
-        line = (f"eval \"$(printf %s {b64} | base64 -d)\" </dev/null 2>&1; "
-                f"printf '\\n__AGENTRL_DONE_{nonce}__%s\\n' \"$?\"\n")  # fmt: skip
+        line = (
+            f'eval "$(printf %s {b64} | base64 -d)" </dev/null 2>&1; '
+            f"printf '\\n__AGENTRL_DONE_{nonce}__%s\\n' \"$?\"\n"
+        )
         restarted = await self._send(line.encode())
         assert self._proc is not None
         reader = _SentinelReader(self._proc, nonce, self.max_output_bytes)
@@ -171,8 +175,9 @@ class BashSession:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(INTERRUPT_GRACE_S):
                 await reader.read_until_sentinel()
-                return BashOutput(output=reader.text(), exit_code=None, timed_out=True,
-                                  restarted=restarted)  # fmt: skip
+                return BashOutput(
+                    output=reader.text(), exit_code=None, timed_out=True, restarted=restarted
+                )
         await self.close()
         return BashOutput(output=reader.text(), exit_code=None, timed_out=True, restarted=True)
 
@@ -225,8 +230,9 @@ async def session_for(sandbox: Sandbox) -> BashSession:
 def format_bash(out: BashOutput, timeout_s: float) -> str:
     parts = [clip(out.output)]
     if out.timed_out:
-        parts.append(f"[command timed out after {timeout_s:g}s; it and everything it started "
-                     "were killed]")  # fmt: skip
+        parts.append(
+            f"[command timed out after {timeout_s:g}s; it and everything it started were killed]"
+        )
     elif out.exit_code is None:
         parts.append("[the shell exited]")
     elif out.exit_code != 0:

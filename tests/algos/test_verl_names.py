@@ -17,20 +17,44 @@ from agentrl.errors import ConfigError, UnknownIdError
 from agentrl.registry import Registry
 
 VERL_ADV_ESTIMATORS = [
-    "gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo",
-    "opo", "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline",
-    "tir_optimal_token_baseline", "gdpo",
-]  # fmt: skip
+    "gae",
+    "grpo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "rloo",
+    "opo",
+    "grpo_passk",
+    "gpg",
+    "rloo_vectorized",
+    "grpo_vectorized",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
+    "gdpo",
+]
 VERL_POLICY_LOSSES = [
-    "vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean",
-    "dro", "cispo", "bypass_mode",
-]  # fmt: skip
+    "vanilla",
+    "dppo_tv",
+    "dppo_kl",
+    "gspo",
+    "sapo",
+    "gpg",
+    "clip_cov",
+    "kl_cov",
+    "geo_mean",
+    "dro",
+    "cispo",
+    "bypass_mode",
+]
 _KL_BASE = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]
 VERL_KL = _KL_BASE + [f"{k}+" for k in _KL_BASE]
 VERL_AGG_MODES = [
-    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
-]  # fmt: skip
+]
 
 CASES = [
     *[(ADV_ESTIMATORS, n) for n in VERL_ADV_ESTIMATORS],
@@ -60,8 +84,11 @@ def test_verl_name_is_ours_an_alias_or_refused_naming_ours(
 
 
 def test_every_alias_and_refusal_is_a_verl_name() -> None:
-    verl = {"advantage estimator": VERL_ADV_ESTIMATORS, "policy loss": VERL_POLICY_LOSSES,
-            "KL penalty": VERL_KL}  # fmt: skip
+    verl = {
+        "advantage estimator": VERL_ADV_ESTIMATORS,
+        "policy loss": VERL_POLICY_LOSSES,
+        "KL penalty": VERL_KL,
+    }
     for kind, names in verl.items():
         assert set(VERL_ALIASES[kind]) | set(VERL_ONLY[kind]) <= set(names)
 

@@ -71,8 +71,12 @@ async def test_sweep_removes_containers_of_a_killed_run(sandbox_root: str) -> No
     prefix = f"agentrl-dkilled{os.getpid()}-"
     client = docker.from_env()
     try:
-        out = subprocess.run([sys.executable, "-c", KILLED_RUN, prefix, sandbox_root],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", KILLED_RUN, prefix, sandbox_root],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert "ready" in out.stdout, out.stderr
         assert [c for c in client.containers.list(all=True) if c.name.startswith(prefix)]
     finally:  # the sweep under test also keeps a failed run from leaking

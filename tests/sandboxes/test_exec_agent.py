@@ -38,8 +38,13 @@ def agent_process(sb: Sandbox) -> psutil.Process:
 @pytest.mark.parametrize("exec_agent", [True, False])
 async def test_both_paths_agree(make: MakeSandbox, exec_agent: bool) -> None:
     sb = await make(exec_agent=exec_agent, env={"FROM_CONFIG": "cfg"})
-    r = await sb.exec("echo $FROM_CONFIG $X $(id -u); pwd; cat; echo e >&2; exit 4",
-                      cwd="/tmp", env={"X": "x"}, stdin="in\n", timeout_s=10)  # fmt: skip
+    r = await sb.exec(
+        "echo $FROM_CONFIG $X $(id -u); pwd; cat; echo e >&2; exit 4",
+        cwd="/tmp",
+        env={"X": "x"},
+        stdin="in\n",
+        timeout_s=10,
+    )
     assert (r.exit_code, r.stdout, r.stderr) == (4, "cfg x 65534\n/tmp\nin\n", "e\n")
     r = await sb.exec(["sh", "-c", "kill -TERM $$; sleep 5"], timeout_s=10)
     assert r.exit_code in (0, 128 + signal.SIGTERM)
@@ -61,8 +66,9 @@ async def test_concurrent_commands_in_one_sandbox(make: MakeSandbox) -> None:
         )
     )
     assert [(r.stdout, r.stderr) for r in rs] == [(f"out{i}", f"{i}\n") for i in range(24)]
-    slow, fast = await asyncio.gather(sb.exec("sleep 30", timeout_s=0.5),
-                                      sb.exec("sleep 0.2; echo fast", timeout_s=10))  # fmt: skip
+    slow, fast = await asyncio.gather(
+        sb.exec("sleep 30", timeout_s=0.5), sb.exec("sleep 0.2; echo fast", timeout_s=10)
+    )
     assert slow.timed_out and fast.stdout == "fast\n"
 
 

@@ -263,8 +263,19 @@ for name in sys.argv[1:]:
         os._exit(0)
     print(name, r, ctypes.get_errno() if r < 0 else 0)
 """
-DOCKER_BLOCKS = ["unshare", "unshare_newpid", "setns", "mount", "keyctl", "add_key", "bpf", "perf_event_open",
-                 "kexec_load", "clone3", "clone_newuser"]  # fmt: skip
+DOCKER_BLOCKS = [
+    "unshare",
+    "unshare_newpid",
+    "setns",
+    "mount",
+    "keyctl",
+    "add_key",
+    "bpf",
+    "perf_event_open",
+    "kexec_load",
+    "clone3",
+    "clone_newuser",
+]
 
 
 async def test_dangerous_syscalls_are_refused(make: MakeSandbox, backend: str) -> None:
@@ -285,14 +296,18 @@ async def test_dangerous_syscalls_are_refused(make: MakeSandbox, backend: str) -
         assert (ret, err) == ("-1", want), f"{name}: returned {ret}, errno {err}"
     r = await sb.exec("unshare -r true; echo rc=$?", timeout_s=30)  # no nested user namespace
     assert "rc=0" not in r.stdout
-    r = await sb.exec("python3 -c 'import threading; t = threading.Thread(target=print, args=(7,)); t.start(); t.join()'",
-                      timeout_s=30)  # fmt: skip
+    r = await sb.exec(
+        "python3 -c 'import threading; t = threading.Thread(target=print, args=(7,)); t.start(); t.join()'",
+        timeout_s=30,
+    )
     assert r.stdout == "7\n"  # threads and fork still work (clone without namespace flags)
 
 
 @pytest.mark.parametrize("backend", ["local"])  # Docker's profile allows the i386 ABI
-@pytest.mark.skipif(os.uname().machine != "x86_64" or local_ready() is not None,
-                    reason="the local backend's filter, on x86_64")  # fmt: skip
+@pytest.mark.skipif(
+    os.uname().machine != "x86_64" or local_ready() is not None,
+    reason="the local backend's filter, on x86_64",
+)
 async def test_other_syscall_abis_are_killed(make: MakeSandbox) -> None:
     """An i386 syscall (int 0x80) from a 64-bit process could dodge a filter written for
     x86_64 numbers; the local filter kills the process instead."""
@@ -315,8 +330,9 @@ async def test_disk_cap_holds_for_workspace_and_tmp(make: MakeSandbox, backend: 
         pytest.skip(why)
     sb = await make(disk_mb=32, file_size_mb=64)
     tmp_too = "/tmp/b" if backend == "local" else "c"
-    r = await sb.exec(f"head -c 20M /dev/zero > a; head -c 20M /dev/zero > {tmp_too}; echo rc=$?",
-                      timeout_s=60)  # fmt: skip
+    r = await sb.exec(
+        f"head -c 20M /dev/zero > a; head -c 20M /dev/zero > {tmp_too}; echo rc=$?", timeout_s=60
+    )
     assert "No space left on device" in r.stderr and "rc=1" in r.stdout, r
     await sb.exec(f"rm -f a {tmp_too}", timeout_s=10)
     with pytest.raises(SandboxError, match=r"No space left.*disk_mb=32"):
@@ -376,8 +392,12 @@ async def test_host_information_through_proc_and_sys(make: MakeSandbox, backend:
     addresses read as zero, and (local) /sys is not there at all. The kernel's version and
     the machine's CPU and memory totals stay visible (a shared kernel; see the threat model)."""
     sb = await make()
-    writes = ["/proc/sysrq-trigger", "/proc/sys/kernel/sysrq", "/sys/kernel/uevent_helper",
-              "/proc/sys/vm/drop_caches"]  # fmt: skip
+    writes = [
+        "/proc/sysrq-trigger",
+        "/proc/sys/kernel/sysrq",
+        "/sys/kernel/uevent_helper",
+        "/proc/sys/vm/drop_caches",
+    ]
     r = await sb.exec(
         "".join(f"(echo 1 > {w}) 2>/dev/null && echo WROTE {w}; " for w in writes)
         + "head -c 1 /proc/kcore 2>/dev/null && echo READ kcore; "

@@ -35,8 +35,13 @@ def backend() -> str:
 async def test_exec_cwd_env_stdin(make: MakeSandbox) -> None:
     sb = await make(env={"FROM_CONFIG": "cfg"})
     await sb.exec("mkdir -p sub/dir", timeout_s=10)
-    r = await sb.exec("pwd; echo $FROM_CONFIG $FROM_CALL; cat", cwd="sub/dir",
-                      env={"FROM_CALL": "call"}, stdin="piped\n", timeout_s=10)  # fmt: skip
+    r = await sb.exec(
+        "pwd; echo $FROM_CONFIG $FROM_CALL; cat",
+        cwd="sub/dir",
+        env={"FROM_CALL": "call"},
+        stdin="piped\n",
+        timeout_s=10,
+    )
     assert r.stdout == f"{sb.workdir}/sub/dir\ncfg call\npiped\n"
     r = await sb.exec(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout_s=10)
     assert (r.exit_code, r.stdout, r.stderr, r.ok) == (3, "out\n", "err\n", False)
@@ -178,8 +183,12 @@ async def test_sweep_removes_leftovers_of_a_killed_run(sandbox_root: str) -> Non
 
     prefix = f"agentrl-killed{os.getpid()}-"
     try:
-        out = subprocess.run([sys.executable, "-c", KILLED_RUN, prefix, sandbox_root],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", KILLED_RUN, prefix, sandbox_root],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "ready" in out.stdout, out.stderr
         # bwrap's processes die with their parent; the unwrapped sandbox's are left behind.
         # Bounded wait: the kernel delivers parent-death signals asynchronously, and on a
@@ -240,8 +249,12 @@ async def test_sweep_unmounts_the_capped_disk_of_a_killed_run(sandbox_root: str)
 
     prefix = f"agentrl-kdisk{os.getpid()}-"
     try:
-        out = subprocess.run([sys.executable, "-c", KILLED_WITH_DISK, prefix, sandbox_root],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", KILLED_WITH_DISK, prefix, sandbox_root],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "ready" in out.stdout, out.stderr
         home = Path(out.stdout.split()[1])
         assert os.path.ismount(home) and home.with_name(home.name + ".img").exists()
@@ -371,17 +384,24 @@ async def test_a_killed_process_leaves_no_spare_mounted(sandbox_root: str) -> No
 
     prefix = f"agentrl-kspare{os.getpid()}-"
     try:
-        out = subprocess.run([sys.executable, "-c", KILLED_WITH_SPARE, prefix, sandbox_root],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", KILLED_WITH_SPARE, prefix, sandbox_root],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "spare" in out.stdout, out.stderr
         img = Path(out.stdout.split()[1])
         for _ in range(100):  # the last descriptor's close releases the device
-            if str(img) not in subprocess.run(["losetup", "-a"], capture_output=True,
-                                              text=True).stdout:  # fmt: skip
+            if (
+                str(img)
+                not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+            ):
                 break
             await asyncio.sleep(0.02)
-        assert str(img) not in subprocess.run(["losetup", "-a"], capture_output=True,
-                                              text=True).stdout  # fmt: skip
+        assert (
+            str(img) not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+        )
         assert img.exists()  # and it was never mounted anywhere but detached
         assert img.stem not in Path("/proc/mounts").read_text()
     finally:

@@ -44,9 +44,15 @@ class FakeSandbox(Sandbox):
         FakeSandbox.instances.append(sb)
         return sb
 
-    async def exec(self, cmd: str | list[str], *, timeout_s: float | None = None,
-                   cwd: str | None = None, env: Mapping[str, str] | None = None,
-                   stdin: bytes | str | None = None) -> ExecResult:  # fmt: skip
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
         return ExecResult(exit_code=0, stdout="", stderr="")
 
     async def read_file(self, path: str) -> bytes:

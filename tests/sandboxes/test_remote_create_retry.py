@@ -65,8 +65,9 @@ async def test_retry_after_lost_response_gets_the_same_sandbox(
     with ServerThread(srv.app()) as url:
         # create waits 5 x http_timeout_s = 0.5 s: the first try times out (its answer is lost)
         # while the server is still making the sandbox; the client retries with the same id
-        sb = await make_sandbox("remote", url=url, token=TOKEN, http_timeout_s=0.1,
-                                retries=3, retry_backoff_s=0.05)  # fmt: skip
+        sb = await make_sandbox(
+            "remote", url=url, token=TOKEN, http_timeout_s=0.1, retries=3, retry_backoff_s=0.05
+        )
         try:
             assert len(slow_first_create) == 1, slow_first_create  # made once
             assert [e.sandbox.name for e in srv.entries.values()] == [sb.name]

@@ -33,8 +33,9 @@ async def make(request: pytest.FixtureRequest) -> AsyncIterator[MakeBox]:
     made: list[Sandbox] = []
 
     async def factory(**config: object) -> Sandbox:
-        sb = await make_sandbox(backend, name=new_name(f"agentrl-bh{os.getpid()}-"),
-                                root_dir=root, **config)  # fmt: skip
+        sb = await make_sandbox(
+            backend, name=new_name(f"agentrl-bh{os.getpid()}-"), root_dir=root, **config
+        )
         made.append(sb)
         return sb
 

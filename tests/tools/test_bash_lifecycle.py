@@ -26,8 +26,9 @@ async def _churn(backend: str, root: str, n: int) -> tuple[int, int, int]:
     refs: list[weakref.ref[Sandbox]] = []
 
     async def one() -> None:
-        sb = await make_sandbox(backend, name=new_name(f"agentrl-churn{os.getpid()}-"),
-                                root_dir=root)  # fmt: skip
+        sb = await make_sandbox(
+            backend, name=new_name(f"agentrl-churn{os.getpid()}-"), root_dir=root
+        )
         try:
             assert await bash(command="cd /tmp && echo hi", sandbox=sb) == "hi\n"
             await sb.write_file("f.txt", "x")

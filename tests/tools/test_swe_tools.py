@@ -81,8 +81,10 @@ async def test_search_content_and_files(sandbox: Sandbox) -> None:
         await sandbox.write_file(f"src/m{i}.py", f"def handler_{i}():\n    return {i}\n")
     await sandbox.write_file("notes.txt", "def handler_in_text(): pass\n")
     out = await search(pattern=r"def handler_(1|2)\b", sandbox=sandbox, path="src")
-    assert sorted(out.splitlines()) == [f"{sandbox.workdir}/src/m1.py:1:def handler_1():",
-                                        f"{sandbox.workdir}/src/m2.py:1:def handler_2():"]  # fmt: skip
+    assert sorted(out.splitlines()) == [
+        f"{sandbox.workdir}/src/m1.py:1:def handler_1():",
+        f"{sandbox.workdir}/src/m2.py:1:def handler_2():",
+    ]
     out = await search(pattern="handler_", sandbox=sandbox, file_glob="*.py", max_results=5)
     assert len(out.splitlines()) == 6 and "more than 5 results" in out and "notes.txt" not in out
     out = await search(pattern="m1*.py", sandbox=sandbox, mode="files")
@@ -93,8 +95,10 @@ async def test_search_content_and_files(sandbox: Sandbox) -> None:
 async def test_submit_records_answer_and_full_diff(sandbox: Sandbox) -> None:
     if (await sandbox.exec("command -v git", timeout_s=10)).exit_code != 0:
         pytest.skip("git is not installed in this sandbox's image")
-    setup = ("git init -q . && git config user.email t@t && git config user.name t && "
-             "printf 'old\\n' > a.txt && git add a.txt && git commit -qm init")  # fmt: skip
+    setup = (
+        "git init -q . && git config user.email t@t && git config user.name t && "
+        "printf 'old\\n' > a.txt && git add a.txt && git commit -qm init"
+    )
     assert (await sandbox.exec(setup, timeout_s=30)).exit_code == 0
     await edit(sandbox, "str_replace", "a.txt", old_str="old", new_str="new")
     await edit(sandbox, "create", "b.txt", file_text="brand new\n")
@@ -120,8 +124,10 @@ async def test_toolset_and_registry(sandbox: Sandbox) -> None:
     for schema in tools.schemas():
         assert "sandbox" not in schema["function"]["parameters"]["properties"]
     assert swe_toolset(include_python=False, include_submit=False).names == [
-        "bash", "str_replace_editor", "search"
-    ]  # fmt: skip
+        "bash",
+        "str_replace_editor",
+        "search",
+    ]
     assert {"bash", "python", "search", "str_replace_editor", "submit"} <= set(TOOLS.ids())
     assert get_tool("bash") is tools["bash"]
     r = await tools.call(ToolCall(name="bash", arguments={"command": "echo hi"}), sandbox=sandbox)
