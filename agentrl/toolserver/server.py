@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -44,16 +43,14 @@ from pydantic import BaseModel, Field
 from agentrl.errors import ConfigError, SandboxError, ToolError
 from agentrl.http import (
     NO_DOCS,
-    SESSION_HEADER,
     ApiError,
     HttpGuard,
-    Refusal,
     ReplayCache,
     TokenBucket,
-    header,
     install_error_handlers,
-    tokens_equal,
 )
+from agentrl.http.sessions import Session as BaseSession
+from agentrl.http.sessions import SessionManager
 from agentrl.sandbox import Sandbox
 from agentrl.sandbox_pool import SandboxPool
 from agentrl.tool import ToolResult, ToolSet
@@ -87,17 +84,13 @@ class ToolStats:
         }
 
 
-@dataclass(eq=False)
-class Session:
-    id: str
+@dataclass(eq=False, kw_only=True)
+class Session(BaseSession):
+    """A tool session: its rate limit, its replay cache and its sandbox (if the tools take one)."""
+
     bucket: TokenBucket
     cache: ReplayCache[ToolResult]
-    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
-    """Sent by the session's client in ``X-Session-Token`` on every request about it."""
     sandbox: Sandbox | None = None
-    stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
-    last_used: float = field(default_factory=time.monotonic)
-    busy: int = 0
 
 
 class ToolServer:
@@ -141,111 +134,61 @@ class ToolServer:
         self.pool = SandboxPool(kind, sandbox_config, self.config.pool) if kind != "none" else None
         if wants_sandbox and self.pool is None:
             logger.warning("tools %s take a sandbox but sandbox='none'", tools.names)
-        self.sessions: dict[str, Session] = {}
+        c = self.config
+        self.session_manager: SessionManager[Session] = SessionManager(
+            SessionManager.Config(
+                max_sessions=c.max_sessions,
+                session_ttl_s=c.session_ttl_s,
+                reap_interval_s=c.reap_interval_s,
+                session_tokens=c.session_tokens,
+            ),
+            kind="tool",
+        )
+        self.sessions = self.session_manager.sessions
         self.stats: dict[str, ToolStats] = {}
-        self.counters = {
-            "sessions_opened": 0,
-            "sessions_closed": 0,
-            "sessions_expired": 0,
-            "rate_limited": 0,
-            "replayed": 0,
-        }
-        self._reaper: asyncio.Task[None] | None = None
-        self._pending = 0  # sessions waiting for a sandbox
+        self.counters = self.session_manager.counters
+        self.counters.update(rate_limited=0, replayed=0)
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         if self.pool is not None:
             self.pool.start()
-        if self._reaper is None:
-            self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+        await self.session_manager.start()
 
     async def close(self) -> None:
         """Close every session and the sandbox pool."""
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
-            self._reaper = None
-        await asyncio.gather(*(self.close_session(sid) for sid in list(self.sessions)))
+        await self.session_manager.close()
         if self.pool is not None:
             await self.pool.close()
 
-    async def _reap_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.reap_interval_s)
-            await self.reap()
-
     async def reap(self) -> int:
         """Close sessions idle longer than ``session_ttl_s``; returns how many."""
-        now = time.monotonic()
-        old = [
-            s.id
-            for s in self.sessions.values()
-            if s.busy == 0 and now - s.last_used > self.config.session_ttl_s
-        ]
-        for sid in old:
-            logger.info(
-                "tool session %s idle for over %.0fs; closing it", sid, self.config.session_ttl_s
-            )
-            await self.close_session(sid)
-        self.counters["sessions_expired"] += len(old)
-        return len(old)
+        return await self.session_manager.reap()
 
-    # --- sessions --------------------------------------------------------------------------
+    # --- sessions (bookkeeping: agentrl.http.sessions) ------------------------------------
     async def open_session(self) -> Session:
-        if len(self.sessions) + self._pending >= self.config.max_sessions:
-            raise ApiError(
-                503,
-                "too_many_sessions",
-                f"{len(self.sessions)} sessions are open (max_sessions); close some "
-                "with DELETE /sessions/{id}",
-            )
+        return await self.session_manager.open(self._make_session)
+
+    async def _make_session(self) -> Session:
         c = self.config
-        s = Session(
-            id=uuid.uuid4().hex,
-            bucket=TokenBucket(c.rate_per_s, c.burst),
-            cache=ReplayCache(c.replay_cache),
-        )
+        s = Session(bucket=TokenBucket(c.rate_per_s, c.burst), cache=ReplayCache(c.replay_cache))
         if self.pool is not None:
-            self._pending += 1
             try:
                 s.sandbox = await s.stack.enter_async_context(self.pool.acquire())
             except SandboxError as e:
                 raise ApiError(503, "sandbox_error", f"no sandbox for a new session: {e}") from e
-            finally:
-                self._pending -= 1
-        self.sessions[s.id] = s
-        self.counters["sessions_opened"] += 1
         return s
 
     async def close_session(self, session_id: str) -> bool:
-        s = self.sessions.pop(session_id, None)
-        if s is None:
-            return False
-        try:
-            await s.stack.aclose()
-        except Exception:
-            logger.exception("closing tool session %s failed", session_id)
-        self.counters["sessions_closed"] += 1
-        return True
+        return await self.session_manager.close_session(session_id)
 
     def session(self, session_id: str) -> Session:
-        s = self.sessions.get(session_id)
-        if s is None:
-            raise ApiError(
-                404,
-                "unknown_session",
-                f"no session {session_id!r}: it was closed or idle longer than "
-                f"{self.config.session_ttl_s:g}s; open a new one with POST /sessions",
-            )
-        return s
+        return self.session_manager.get(session_id)
 
     # --- calls -----------------------------------------------------------------------------
     async def call(self, session_id: str, req: CallRequest) -> tuple[ToolResult, bool]:
         """Run one call in a session; returns (result, replayed)."""
-        s = self.session(session_id)
-        s.busy += 1
-        try:
+        with self.session_manager.use(session_id) as s:
             seen = s.cache.get(req.request_id)
             if seen is not None:
                 self.counters["replayed"] += 1
@@ -263,9 +206,6 @@ class ToolServer:
                     metadata={"error": "rate_limited", "retry_after_s": wait},
                 ), False
             return await s.cache.run(req.request_id, lambda: self._run(s, req)), False
-        finally:
-            s.busy -= 1
-            s.last_used = time.monotonic()
 
     async def _run(self, s: Session, req: CallRequest) -> ToolResult:
         stats = self.stats.setdefault(
@@ -331,23 +271,8 @@ class ToolServer:
             max_body_bytes=self.config.max_body_bytes,
             cap_hint="raise ToolServer.Config.max_body_bytes",
         )
-        app.add_middleware(HttpGuard, config=guard, authorize=self._authorize)
+        app.add_middleware(HttpGuard, config=guard, authorize=self.session_manager.authorize)
         return app
-
-    def _authorize(self, scope: Any) -> Refusal | None:
-        """403 for a request about a session without that session's token (before the body)."""
-        parts = str(scope["path"]).split("/")  # ["", "sessions", id, ...]
-        if not self.config.session_tokens or len(parts) < 3 or parts[1] != "sessions":
-            return None
-        s = self.sessions.get(parts[2])
-        if s is None or tokens_equal(header(scope, SESSION_HEADER.lower().encode()), s.token):
-            return None  # unknown sessions get the app's 404
-        return Refusal(
-            403,
-            "wrong_session_token",
-            f"session {parts[2]} was opened by another client: send the "
-            f"session_token that POST /sessions returned in {SESSION_HEADER}",
-        )
 
     def _router(self) -> APIRouter:
         r = APIRouter()
