@@ -2,7 +2,7 @@
 
 agentrl serve PATH                     serve an HF model directory over HTTP
 agentrl rollout --env ID --server URL  collect trajectories to JSONL/parquet
-agentrl envs list | check ID           discover and validate environments
+agentrl envs list | check | serve    discover, validate and serve environments
 agentrl tools list | serve | mcp       registered tools; serve a ToolSet over HTTP or MCP
 agentrl train RECIPE key=value ...     RL training (GRPO/PPO); --resume continues a run
 agentrl sft RECIPE ... / eval ...      supervised warm-up / evaluation
@@ -78,6 +78,7 @@ def model_tiny(
 
 def _register_commands() -> None:
     """Attach the commands that live next to their machinery (imports stay lazy inside them)."""
+    from agentrl.envserver.cli import envs_serve
     from agentrl.inference.cli import serve
     from agentrl.mcp import tools_mcp
     from agentrl.rollout.cli import rollout
@@ -86,6 +87,7 @@ def _register_commands() -> None:
     app.command("serve")(serve)
     app.command("rollout")(rollout)
     tools_app.command("serve")(tools_serve)
+    envs_app.command("serve")(envs_serve)
     tools_app.command("mcp")(tools_mcp)
     # Commands that plugins add (the built-ins' train, sft and eval live in trainers/, which
     # the kernel never names): lazy "module:attr" strings, like registry entries.

@@ -494,9 +494,14 @@ def make_env(id: str, **kwargs: Any) -> Env:
 
     The env carries its spec, a Gymnasium ``EnvSpec``, as ``env.spec``: ``id`` (with
     ``namespace``, ``name``, ``version``), ``entry_point``, ``max_episode_steps`` and the
-    ``kwargs`` it was built with. An unknown id raises ``UnknownEnvError`` naming the versions
+    ``kwargs`` it was built with. ``"remote:URL/ns/Name-vN"`` builds a ``RemoteEnv`` whose
+    episodes run on an env server (``agentrl.envserver.client``). An unknown id raises ``UnknownEnvError`` naming the versions
     of its name that exist (``arith/Calculator-v1 does not exist; available versions: v0``).
     """
+    if isinstance(id, str) and id.startswith("remote:"):  # an env server's env (agentrl.envserver)
+        from agentrl.envserver.client import make_remote_env
+
+        return make_remote_env(id.removeprefix("remote:"), **kwargs)
     env = ENVS.make(id, **kwargs)
     if not isinstance(env, Env):
         raise ENVS.not_an_env(id, env, adapter="GymTextEnv")

@@ -7,7 +7,8 @@
     │   │   └── UnknownEnvError
     │   └── DuplicateIdError        an id registered twice
     ├── EnvError                    an env failed to reset/step  -> RolloutStatus.ERROR_ENV
-    │   └── EnvCheckError           an env failed the env checker (agentrl/env_checker.py)
+    │   ├── EnvCheckError           an env failed the env checker (agentrl/env_checker.py)
+    │   └── EnvServerError          an env server died, was unreachable or full (masked too)
     ├── ToolError                   a tool failed               -> an error observation
     │   └── ToolCallParseError      the model's tool call could not be parsed
     ├── SandboxError                a sandbox failed            -> RolloutStatus.ERROR_SANDBOX
@@ -93,6 +94,12 @@ class EnvError(AgentRLError):
 
 class EnvCheckError(EnvError):
     """An env failed ``agentrl.env_checker.check_env``; the message lists the failed checks."""
+
+
+class EnvServerError(EnvError):
+    """An env server (``agentrl envs serve``) died, could not be reached, was full or lost the
+    session: an infrastructure failure (``RolloutStatus.ERROR_ENV``, masked out of the loss),
+    never a reward of 0."""
 
 
 class ToolError(AgentRLError):
