@@ -44,7 +44,7 @@ from gymnasium.envs.registration import EnvSpec  # what make_env attaches as env
 
 from agentrl.env_spec import EnvRegistry
 from agentrl.errors import ConfigError
-from agentrl.registry import MODULES_HINT
+from agentrl.registry import MODULES_HINT, load_entry_point
 from agentrl.spaces import MessagesSpace
 from agentrl.tool import ToolSet
 from agentrl.types import Message
@@ -489,6 +489,11 @@ def register_env(
     )
 
 
+ENV_PREFIXES: dict[str, str] = {"remote:": "agentrl.envserver.client:make_remote_env"}
+"""Env ids that name an env served elsewhere: prefix -> lazy ``module:attr`` factory, called
+with the rest of the id and the kwargs (``remote:URL/ns/Name-vN``: agentrl/envserver)."""
+
+
 def make_env(id: str, **kwargs: Any) -> Env:
     """Build a registered env; ``kwargs`` override the registered defaults.
 
@@ -498,10 +503,12 @@ def make_env(id: str, **kwargs: Any) -> Env:
     episodes run on an env server (``agentrl.envserver.client``). An unknown id raises ``UnknownEnvError`` naming the versions
     of its name that exist (``arith/Calculator-v1 does not exist; available versions: v0``).
     """
-    if isinstance(id, str) and id.startswith("remote:"):  # an env server's env (agentrl.envserver)
-        from agentrl.envserver.client import make_remote_env
-
-        return make_remote_env(id.removeprefix("remote:"), **kwargs)
+    for prefix, factory in ENV_PREFIXES.items():
+        if isinstance(id, str) and id.startswith(prefix):
+            env = load_entry_point(factory)(id.removeprefix(prefix), **kwargs)
+            if not isinstance(env, Env):
+                raise ENVS.not_an_env(id, env, adapter="GymTextEnv")
+            return env
     env = ENVS.make(id, **kwargs)
     if not isinstance(env, Env):
         raise ENVS.not_an_env(id, env, adapter="GymTextEnv")
