@@ -20,6 +20,14 @@ raises ``RolloutStop`` (the machinery catches it and records ``truncated_max_tur
 Failures become statuses (``status_for``): InferenceError -> error_inference, EnvError or any
 exception inside the env -> error_env, SandboxError -> error_sandbox, ToolError ->
 error_tool, RewardError -> error_reward, cancellation/deadline/abort -> aborted.
+
+Each step of a turn is a named hook of ``RolloutContext`` that a subclass may override;
+``AgentLoop.context_class`` picks the subclass the collector builds for a loop::
+
+    ctx.act() -> generate: should_stop -> build_prompt -> call_model -> parse_actions
+              -> call_tools: run_tools -> observe("tools")       (act(tools=True) only)
+              -> add_parse_errors: observe("parse_errors")     (a reply with parse errors)
+    ctx.reset() / ctx.step() -> observe("reset" / "step")
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from agentrl.chat import ChatTemplate, LedgerCheck
 from agentrl.env import Env, Info
@@ -49,37 +57,6 @@ from agentrl.splits import reset_sample
 from agentrl.tool import ToolSet
 from agentrl.tool_parsers import ToolParser, format_error_observation
 from agentrl.types import Message, RolloutStatus, Sample, ToolCall, Trajectory, Turn
-
-
-class AgentLoop(ABC):
-    """Drives one rollout. Subclass and implement ``run``; see the module docstring."""
-
-    @abstractmethod
-    async def run(self, sample: Sample, ctx: RolloutContext) -> Trajectory | None:
-        """Play one episode through ``ctx``; return None (the context builds the Trajectory)."""
-
-
-AGENTS: Registry[AgentLoop] = Registry(
-    "agent loop",
-    entry_point_group="agentrl.agents",
-    hint="Built-in loops: single_turn, tool_calling, env_driver. For a loop registered in "
-    f"your own code, {MODULES_HINT}.",
-)
-
-
-def register_agent(
-    id: str, entry_point: Any, *, description: str = "", override: bool = False, **defaults: Any
-) -> None:
-    """Register an AgentLoop class (or a lazy ``"module:Class"`` string) under ``id``.
-
-    ``defaults`` are passed to the class when a rollout makes one (one instance per rollout),
-    so constructor arguments are given here: ``register_agent("critic3", CriticLoop, rounds=3)``.
-    """
-    AGENTS.register(id, entry_point, description=description, override=override, **defaults)
-
-
-def make_agent(id: str, **kwargs: Any) -> AgentLoop:
-    return AGENTS.make(id, **kwargs)
 
 
 class RolloutStop(Exception):
@@ -105,6 +82,10 @@ def status_for(exc: BaseException) -> RolloutStatus:
         if isinstance(exc, cls):
             return status
     return RolloutStatus.ERROR_ENV  # an unexpected exception in env or loop code
+
+
+ObservationSource = Literal["reset", "step", "tools", "parse_errors"]
+"""Where observation messages come from (``RolloutContext.observe``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -133,6 +114,11 @@ class Reply:
     def text(self) -> str:
         return self.message.text
 
+    @property
+    def ok(self) -> bool:
+        """True when the completion parsed cleanly (no tool-call parse errors)."""
+        return not self.errors
+
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
@@ -144,9 +130,18 @@ class StepOutcome:
     truncated: bool
     info: Info
 
+    @property
+    def done(self) -> bool:
+        """The episode is over (the env terminated or truncated it)."""
+        return self.terminated or self.truncated
+
 
 class RolloutContext:
-    """Everything an AgentLoop uses: generation, the env and its tools, limits, the ledger."""
+    """Everything an AgentLoop uses: generation, the env and its tools, limits, the ledger.
+
+    Hooks a subclass may override (see the module docstring for the order): ``should_stop``,
+    ``build_prompt``, ``call_model``, ``parse_actions``, ``run_tools``, ``observe``.
+    """
 
     def __init__(
         self,
@@ -228,16 +223,18 @@ class RolloutContext:
 
         ``messages`` are appended first (same as ``add_messages``). ``prompt_ids`` appends
         those token ids verbatim instead of the template's delta (token mode). Raises
-        ``RolloutStop`` when the turn or context limit is already reached.
+        ``RolloutStop`` when the turn or context limit is already reached. Parse errors are
+        counted in ``metrics["parse_errors"]`` and returned; ``act`` also shows them to the
+        model. The steps are the hooks ``should_stop``, ``build_prompt``, ``call_model`` and
+        ``parse_actions``.
         """
         if messages:
             self.add_messages(messages)
+        stop = self.should_stop()
+        if stop is not None:
+            raise stop
         lim = self.limits
-        if len(self.turns) >= lim.max_turns:
-            raise RolloutStop(
-                RolloutStatus.TRUNCATED_MAX_TURNS, f"reached max_turns={lim.max_turns}"
-            )
-        input_ids = self.ledger.prompt(self.messages, raw_ids=prompt_ids, limit=lim.max_tokens)
+        input_ids = self.build_prompt(prompt_ids)
         if input_ids is None:
             raise RolloutStop(
                 RolloutStatus.TRUNCATED_LENGTH, f"context full (max_tokens={lim.max_tokens})"
@@ -247,13 +244,11 @@ class RolloutContext:
         if n_new != sampling.max_new_tokens:
             sampling = dataclasses.replace(sampling, max_new_tokens=n_new)
         t0 = time.perf_counter()
-        c = await self._call_generator(input_ids, sampling)
+        c = await self._model_completion(input_ids, sampling)
         llm_time_s = c.latency_s or time.perf_counter() - t0
-        text = self.template.completion_text(c.output_ids)
-        if self.tool_parser is not None and self._tools is not None:
-            message, errors = self.tool_parser.parse_to_message(text, c.finish_reason)
-        else:
-            message, errors = Message(role="assistant", content=text), []
+        message, errors = self.parse_actions(
+            self.template.completion_text(c.output_ids), c.finish_reason
+        )
         self.messages.append(message)
         self._turn_of_message[len(self.messages) - 1] = len(self.turns)
         versions = c.output_versions or c.weight_version
@@ -271,10 +266,25 @@ class RolloutContext:
         self.metrics["parse_errors"] += len(errors)
         return Reply(message=message, errors=errors, finish_reason=c.finish_reason, completion=c)
 
-    async def _call_generator(self, input_ids: list[int], sampling: SamplingParams) -> Completion:
+    async def act(self, *, tools: bool = False) -> Reply:
+        """One turn with its parse errors handled: the shared step of the built-in loops.
+
+        ``generate``, then (with ``tools=True``) ``call_tools`` on the calls that parsed, then
+        ``add_parse_errors`` for the ones that did not, so the model sees the results of its
+        good calls first and the parser's error observation last. ``reply.ok`` is False when
+        the reply had parse errors; such a reply should not go to ``env.step``.
+        """
+        reply = await self.generate()
+        if tools and reply.tool_calls:
+            await self.call_tools(reply.tool_calls)
+        if reply.errors:
+            self.add_parse_errors(reply.errors)
+        return reply
+
+    async def _model_completion(self, input_ids: list[int], sampling: SamplingParams) -> Completion:
         t0 = time.perf_counter()
         try:
-            c = await self.generator.generate(input_ids, sampling, session_id=self.session_id)
+            c = await self.call_model(input_ids, sampling)
         except InferenceError:
             raise
         except Exception as e:
@@ -289,6 +299,54 @@ class RolloutContext:
                 f"request logprobs (return_logprob=True) from the backend."
             )
         return c
+
+    # --- hooks: override in a subclass, chosen with AgentLoop.context_class ---------------
+    def should_stop(self) -> RolloutStop | None:
+        """Checked before each turn; override to add budgets (the default stops at max_turns)."""
+        if len(self.turns) >= self.limits.max_turns:
+            return RolloutStop(
+                RolloutStatus.TRUNCATED_MAX_TURNS, f"reached max_turns={self.limits.max_turns}"
+            )
+        return None
+
+    def build_prompt(self, prompt_ids: list[int] | None = None) -> list[int] | None:
+        """Conversation -> model input ids (None: context full); override to edit or compact it."""
+        return self.ledger.prompt(self.messages, raw_ids=prompt_ids, limit=self.limits.max_tokens)
+
+    async def call_model(self, input_ids: list[int], sampling: SamplingParams) -> Completion:
+        """One model request; override to route, cache or retry requests."""
+        return await self.generator.generate(input_ids, sampling, session_id=self.session_id)
+
+    def parse_actions(self, text: str, finish_reason: str) -> tuple[Message, list[str]]:
+        """Completion text -> (assistant message, parse errors); override for another format."""
+        if self.tool_parser is not None and self._tools is not None:
+            return self.tool_parser.parse_to_message(text, finish_reason)
+        return Message(role="assistant", content=text), []
+
+    async def run_tools(self, tool_calls: list[ToolCall]) -> list[Message]:
+        """Run tool calls, count them in metrics, return tool messages; override to run elsewhere."""
+        if self._tools is None:
+            raise ToolError("the model called tools but this rollout has no ToolSet (ctx.tools)")
+        out = []
+        injected: dict[str, Any] = {"env": self.env, "sample": self.sample}
+        sandbox = getattr(self.env, "sandbox", None)
+        if sandbox is not None:
+            injected["sandbox"] = sandbox
+        t0 = time.perf_counter()
+        try:
+            for tc in tool_calls:
+                res = await self._tools.call(tc, **injected)
+                self.metrics["tool_calls"] += 1
+                self.metrics["tool_errors"] += float(res.is_error)
+                out.append(self._tools.to_message(tc, res))
+        finally:
+            self._add_env_time(time.perf_counter() - t0)
+        return out
+
+    def observe(self, messages: list[Message], source: ObservationSource) -> list[Message]:
+        """Add env/tool observations to the conversation; override to filter or truncate them."""
+        self.messages.extend(messages)
+        return messages
 
     # --- env and tools --------------------------------------------------------------------
     def _require_env(self) -> Env:
@@ -311,9 +369,7 @@ class RolloutContext:
             raise EnvError(f"{self.sample.env_id}.reset() failed: {type(e).__name__}: {e}") from e
         finally:
             self._add_env_time(time.perf_counter() - t0)
-        obs = [Message.coerce(m) for m in obs]
-        self.messages.extend(obs)
-        return obs
+        return self.observe([Message.coerce(m) for m in obs], "reset")
 
     async def step(self, action: Message) -> StepOutcome:
         """Step the env with an assistant message; adds its observation and reward."""
@@ -338,12 +394,12 @@ class RolloutContext:
                 f"{self.sample.env_id}.step() returned a non-finite reward ({reward}); the "
                 "trajectory is kept as error_env and masked out of the loss"
             )
-        obs = [Message.coerce(m) for m in obs]
-        self.messages.extend(obs)
+        raw = [Message.coerce(m) for m in obs]
+        obs = self.observe(raw, "step")
         if action.tool_calls:  # the env ran them; tool.py reports failures as "Error: ..."
             self.metrics["tool_calls"] += len(action.tool_calls)
             self.metrics["tool_errors"] += sum(
-                m.role == "tool" and m.text.startswith("Error") for m in obs
+                m.role == "tool" and m.text.startswith("Error") for m in raw
             )
         self.reward += float(reward)
         self.env_truncated = self.env_truncated or bool(truncated)
@@ -358,30 +414,13 @@ class RolloutContext:
         calls = list(tool_calls)
         if not calls:
             return []
-        if self._tools is None:
-            raise ToolError("the model called tools but this rollout has no ToolSet (ctx.tools)")
-        out = []
-        injected: dict[str, Any] = {"env": self.env, "sample": self.sample}
-        sandbox = getattr(self.env, "sandbox", None)
-        if sandbox is not None:
-            injected["sandbox"] = sandbox
-        t0 = time.perf_counter()
-        try:
-            for tc in calls:
-                res = await self._tools.call(tc, **injected)
-                self.metrics["tool_calls"] += 1
-                self.metrics["tool_errors"] += float(res.is_error)
-                out.append(self._tools.to_message(tc, res))
-        finally:
-            self._add_env_time(time.perf_counter() - t0)
-        self.messages.extend(out)
-        return out
+        return self.observe(await self.run_tools(calls), "tools")
 
     def add_parse_errors(self, errors: list[str]) -> Message:
         """Append the error observation for unparseable tool calls and return it."""
         hint = self.tool_parser.format_hint if self.tool_parser is not None else ""
         msg = format_error_observation(errors, hint=hint)
-        self.messages.append(msg)
+        self.observe([msg], "parse_errors")
         return msg
 
     def _add_env_time(self, dt: float) -> None:
@@ -428,3 +467,37 @@ class RolloutContext:
             llm_time_s=self.llm_time_s,
             env_time_s=self.env_time_s,
         )
+
+
+class AgentLoop(ABC):
+    """Drives one rollout. Subclass and implement ``run``; see the module docstring."""
+
+    context_class: ClassVar[type[RolloutContext]] = RolloutContext
+    """The context the collector builds for this loop: a subclass overrides its hooks."""
+
+    @abstractmethod
+    async def run(self, sample: Sample, ctx: RolloutContext) -> Trajectory | None:
+        """Play one episode through ``ctx``; return None (the context builds the Trajectory)."""
+
+
+AGENTS: Registry[AgentLoop] = Registry(
+    "agent loop",
+    entry_point_group="agentrl.agents",
+    hint="Built-in loops: single_turn, tool_calling, env_driver. For a loop registered in "
+    f"your own code, {MODULES_HINT}.",
+)
+
+
+def register_agent(
+    id: str, entry_point: Any, *, description: str = "", override: bool = False, **defaults: Any
+) -> None:
+    """Register an AgentLoop class (or a lazy ``"module:Class"`` string) under ``id``.
+
+    ``defaults`` are passed to the class when a rollout makes one (one instance per rollout),
+    so constructor arguments are given here: ``register_agent("critic3", CriticLoop, rounds=3)``.
+    """
+    AGENTS.register(id, entry_point, description=description, override=override, **defaults)
+
+
+def make_agent(id: str, **kwargs: Any) -> AgentLoop:
+    return AGENTS.make(id, **kwargs)

@@ -10,7 +10,10 @@ from agentrl.types import Sample
 
 
 class SingleTurnAgentLoop(AgentLoop):
-    """Math, QA and other tasks answered in one turn. Ignores any tool calls in the answer."""
+    """Math, QA and other tasks answered in one turn. Ignores any tool calls in the answer.
+
+    Parse errors are counted (``parse_errors``) but not shown: there is no turn after it.
+    """
 
     async def run(self, sample: Sample, ctx: RolloutContext) -> None:
         await ctx.reset()

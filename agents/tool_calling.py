@@ -1,12 +1,13 @@
 """ReAct over the env's tools: generate, run the tool calls, show the results, repeat.
 
-    env.reset -> [generate -> ToolSet.call(each call) -> tool messages]* -> env.step(answer)
+    env.reset -> [ctx.act(tools=True): generate -> tool messages]* -> env.step(answer)
 
-The loop runs the calls itself with ``ctx.tools`` (the env's ``ToolSet``) and hands the env
-only replies without tool calls (the answer). If the env does not terminate, its observation
-is added and the loop goes on. A reply whose tool calls could not be parsed gets the parser's
-error observation (counted in ``parse_errors``) after the results of the calls that did parse;
-the env is not stepped for it. Turn and context limits end the loop (see ``RolloutContext``).
+``ctx.act(tools=True)`` runs the calls with ``ctx.tools`` (the env's ``ToolSet``); the loop
+hands the env only replies without tool calls (the answer). If the env does not terminate,
+its observation is added and the loop goes on. A reply whose tool calls could not be parsed
+gets the parser's error observation (counted in ``parse_errors``) after the results of the
+calls that did parse; the env is not stepped for it. Turn and context limits end the loop
+(see ``RolloutContext``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,6 @@ class ToolAgentLoop(AgentLoop):
     async def run(self, sample: Sample, ctx: RolloutContext) -> None:
         await ctx.reset()
         while True:
-            reply = await ctx.generate()
-            if reply.tool_calls:
-                await ctx.call_tools(reply.tool_calls)
-            if reply.errors:
-                ctx.add_parse_errors(reply.errors)
-            if reply.tool_calls or reply.errors:
-                continue
-            outcome = await ctx.step(reply.message)
-            if outcome.terminated or outcome.truncated:
+            reply = await ctx.act(tools=True)
+            if reply.ok and not reply.tool_calls and (await ctx.step(reply.message)).done:
                 return

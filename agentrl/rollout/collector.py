@@ -13,7 +13,8 @@ barrier). A rollout never raises out of the collector: every failure becomes a
 member never cancels its siblings (an unknown or doubly registered AgentLoop name is a
 configuration error: ``run_group`` raises it once). Each trajectory records the AgentLoop's
 name (``Trajectory.agent``). An optional ``Rubric`` scores each finished group
-(group-aware reward functions see all members); its failure is ``error_reward``.
+(group-aware reward functions see all members); its failure is ``error_reward``. The
+context of a rollout is an instance of the loop's ``AgentLoop.context_class``.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class RolloutCollector:
         try:
             agent = make_agent(agent_name)
             env = self._make_env(sample)
-            ctx = RolloutContext(
+            ctx = agent.context_class(
                 sample=sample,
                 generator=self.generator,
                 template=self.template,
