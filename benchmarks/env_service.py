@@ -1,0 +1,206 @@
+"""The env service under load: remote envs against in-process ones, in one run.
+
+    python benchmarks/env_service.py [--sessions 256] [--samples 128] [--reps 3] [--gen-ms 50]
+
+Two env servers (``agentrl envs serve games/GuessNumber-v0 games/GridWorld-v0``), each its
+own process on loopback. Three parts:
+
+1. ``--sessions`` concurrent remote sessions spread over both servers (reset, 4 steps,
+   close, all at once): errors, and the sessions left open on the servers afterwards
+   (leaks; must be 0).
+2. End-to-end rollouts: ``RolloutCollector`` over ``--samples`` GuessNumber/GridWorld samples,
+   in-process envs (the baseline) and ``remote:`` envs, rounds alternating; samples/s and the
+   ratio remote / in-process (goal >= 0.8). The generator is ``ScriptedGenerator`` with
+   ``--gen-ms`` of latency per generate call (a small model's short reply): the embedded
+   inference server is too slow on 2 cores for the env's share of the time to show;
+   ``--gen-ms 0`` gives the worst case, where the envs are all the work.
+3. The per-step latency one remote step adds over an in-process one (p50, p99), from
+   sequential steps of one env.
+
+Ends with one JSON line: ``{"benchmark", "baseline", "ours", "ratio", "goal", "met", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentrl.chat import ChatTemplate  # noqa: E402
+from agentrl.env import make_env  # noqa: E402
+from agentrl.plugins import load_plugins  # noqa: E402
+from agentrl.rollout.collector import CollectorConfig, RolloutCollector  # noqa: E402
+from agentrl.rollout.testing import ScriptedGenerator  # noqa: E402
+from agentrl.tiny import build_tokenizer  # noqa: E402
+from agentrl.types import Message, Sample  # noqa: E402
+
+ENVS = ("games/GuessNumber-v0", "games/GridWorld-v0")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(port: int, max_sessions: int) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "agentrl.cli", "envs", "serve", *ENVS, "--port", str(port)]
+    cmd += ["--max-sessions", str(max_sessions)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx2.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"env server on port {port} did not start")
+
+
+def open_sessions(urls: list[str]) -> int:
+    return sum(len(httpx2.get(f"{u}/sessions").json()["sessions"]) for u in urls)
+
+
+async def concurrent_sessions(urls: list[str], n: int) -> dict[str, float]:
+    cap = {"max_sessions_per_server": (n + 1) // 2 + 8}
+
+    async def one(i: int) -> None:
+        env = make_env(f"remote:{','.join(urls)}/{ENVS[i % 2]}", remote=cap)
+        try:
+            await env.areset(seed=i)
+            for a in ("8", "up", "4", "right"):
+                await env.astep(Message(role="assistant", content=a))
+        finally:
+            await env.aclose()
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+    wall = time.perf_counter() - t0
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for e in errors[:3]:
+        print(f"  error: {type(e).__name__}: {e}")
+    return {"sessions": n, "errors": len(errors), "wall_s": wall}
+
+
+async def rollouts(prefix: str, n: int, gen_ms: float, template: ChatTemplate) -> float:
+    async def respond(prompt: str, turn: int) -> str:
+        if gen_ms:
+            await asyncio.sleep(gen_ms / 1000)
+        return ["8", "up", "4", "right", "12", "down"][turn % 6]
+
+    c = RolloutCollector(
+        CollectorConfig(group_size=1, max_turns=4, agent="env_driver", max_concurrency=256),
+        ScriptedGenerator(template, respond),
+        template,
+    )
+    samples = [Sample(env_id=f"{prefix}{ENVS[i % 2]}", seed=i) for i in range(n)]
+    t0 = time.perf_counter()
+    groups = await c.collect(iter(samples))
+    dt = time.perf_counter() - t0
+    bad = [t for g in groups for t in g.trajectories if t.status.is_infra_failure]
+    if bad:
+        raise RuntimeError(f"{len(bad)} rollouts failed, e.g. {bad[0].error}")
+    return n / dt
+
+
+async def step_latency(prefix: str, steps: int) -> list[float]:
+    env = make_env(f"{prefix}games/GuessNumber-v0", max_turns=steps + 1)
+    out = []
+    await env.areset(seed=0)
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        await env.astep(Message(role="assistant", content="hmm"))
+        out.append(time.perf_counter() - t0)
+    await env.aclose()
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def main(args: argparse.Namespace) -> dict[str, object]:
+    load_plugins()
+    template = ChatTemplate(build_tokenizer())
+    ports = [free_port(), free_port()]
+    procs = [start_server(p, args.sessions) for p in ports]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        print(f"load average {os.getloadavg()[0]:.1f}; servers {', '.join(urls)}")
+        conc = await concurrent_sessions(urls, args.sessions)
+        leaked = open_sessions(urls)
+        print(
+            f"{conc['sessions']} concurrent remote sessions on 2 servers: {conc['errors']} errors, "
+            f"{leaked} left open, {conc['wall_s']:.2f} s"
+        )
+        remote_prefix = f"remote:{','.join(urls)}/"
+        await rollouts("", 16, args.gen_ms, template)  # warm-up
+        await rollouts(remote_prefix, 16, args.gen_ms, template)
+        local_rates, remote_rates = [], []
+        for rep in range(args.reps):
+            local_rates.append(await rollouts("", args.samples, args.gen_ms, template))
+            remote_rates.append(await rollouts(remote_prefix, args.samples, args.gen_ms, template))
+            print(
+                f"rep {rep}: in-process {local_rates[-1]:7.1f} samples/s | "
+                f"remote {remote_rates[-1]:7.1f} samples/s (gen {args.gen_ms:g} ms/turn)"
+            )
+        left = open_sessions(urls)
+        print(f"sessions left open after the rollouts: {left}")
+        leaked += left
+        local = await step_latency("", 400)
+        remote = await step_latency(f"remote:{urls[0]}/", 400)
+        added_p50 = (pct(remote, 0.5) - pct(local, 0.5)) * 1000
+        added_p99 = (pct(remote, 0.99) - pct(local, 0.99)) * 1000
+        print(f"added per-step latency: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
+        base, ours = statistics.median(local_rates), statistics.median(remote_rates)
+        ratio = ours / base
+        return {
+            "benchmark": "env_service rollout samples/s, remote (2 env servers) / in-process",
+            "baseline": round(base, 2),
+            "ours": round(ours, 2),
+            "ratio": round(ratio, 3),
+            "goal": 0.8,
+            "met": bool(ratio >= 0.8 and conc["errors"] == 0 and leaked == 0),
+            "generator": f"scripted, {args.gen_ms:g} ms per generate",
+            "concurrent_sessions": conc["sessions"],
+            "session_errors": conc["errors"],
+            "leaked_sessions": leaked,
+            "added_step_ms_p50": round(added_p50, 3),
+            "added_step_ms_p99": round(added_p99, 3),
+        }
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sessions", type=int, default=256, help="concurrent remote sessions")
+    p.add_argument("--samples", type=int, default=128, help="rollouts per round")
+    p.add_argument("--reps", type=int, default=3, help="rounds, alternating")
+    p.add_argument("--gen-ms", type=float, default=50.0, help="generator latency per turn")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(parse_args()))))
