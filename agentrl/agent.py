@@ -177,6 +177,7 @@ class RolloutContext:
         self.llm_time_s = 0.0
         self.env_time_s = 0.0
         self.env_truncated = False
+        self.report: dict[str, Any] = {}
         self.session_id = session_id
         self._turn_of_message: dict[int, int] = {}
         self._tools = tools if tools is not None else (env.tools if env is not None else None)
@@ -405,6 +406,8 @@ class RolloutContext:
         self.env_truncated = self.env_truncated or bool(truncated)
         if "success" in info:
             self.metrics["success"] = float(bool(info["success"]))
+        if isinstance(info.get("report"), dict):  # a grader's or checker's report
+            self.report = info["report"]
         for k, v in (info.get("reward_components") or {}).items():
             self.reward_components[k] = self.reward_components.get(k, 0.0) + float(v)
         return StepOutcome(obs, float(reward), bool(terminated), bool(truncated), info)
@@ -466,6 +469,7 @@ class RolloutContext:
             metrics=metrics,
             llm_time_s=self.llm_time_s,
             env_time_s=self.env_time_s,
+            report=self.report,
         )
 
 

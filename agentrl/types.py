@@ -321,6 +321,9 @@ class Trajectory:
     wall_time_s: float = 0.0
     agent: str | None = None
     """The registered name of the AgentLoop that ran it (set by the collector)."""
+    report: JSON = field(default_factory=dict)
+    """What the env's grader or checker reported (``info["report"]`` of its last step), e.g.
+    a SWE task's per-test outcomes; kept for inspection, never trained on."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -352,6 +355,7 @@ class Trajectory:
             "env_time_s": self.env_time_s,
             "wall_time_s": self.wall_time_s,
             "agent": self.agent,
+            "report": self.report,
         }
 
     @classmethod
@@ -371,6 +375,7 @@ class Trajectory:
             env_time_s=float(d.get("env_time_s", 0.0)),
             wall_time_s=float(d.get("wall_time_s", 0.0)),
             agent=d.get("agent"),
+            report=dict(d.get("report") or {}),
         )
 
 

@@ -22,7 +22,7 @@ from agentrl.errors import ConfigError
 from agentrl.types import Trajectory, TrajectoryGroup
 
 _LEDGER = ("token_ids", "loss_mask", "logprobs", "versions")
-_JSON_COLS = ("sample", "messages", "turns", "reward_components", "metrics")
+_JSON_COLS = ("sample", "messages", "turns", "reward_components", "metrics", "report")
 _SCALARS = ("id", "status", "error", "reward", "llm_time_s", "env_time_s", "wall_time_s", "agent")
 
 
@@ -109,7 +109,7 @@ def _row(t: Trajectory) -> dict[str, Any]:
 def _from_row(r: dict[str, Any]) -> Trajectory:
     d: dict[str, Any] = {k: r.get(k) for k in _SCALARS}  # files from before a column have none
     for k in _JSON_COLS:
-        d[k] = json.loads(r[k])
+        d[k] = json.loads(r[k]) if r.get(k) is not None else None
     cols = [r[f"segments_{k}"] or [] for k in _LEDGER]
     d["segments"] = [dict(zip(_LEDGER, vals, strict=True)) for vals in zip(*cols, strict=True)]
     return Trajectory.from_dict(d)

@@ -49,6 +49,7 @@ def make_traj(
             ),
         ],
         segments=[seg, seg2],
+        report={"FAIL_TO_PASS": {"t.py::t": "passed"}, "resolved": True},
         turns=[
             Turn(
                 prompt_len=3,
@@ -109,3 +110,12 @@ def test_parquet_ledger_is_nested_columns(tmp_path) -> None:  # type: ignore[no-
 def test_unknown_format(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=r"\.jsonl or \.parquet"):
         save_trajectories(tmp_path / "t.csv", [])
+
+
+def test_files_from_before_the_report_column_still_load(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow.parquet as pq
+
+    path = save_trajectories(tmp_path / "t.parquet", [make_traj("a", 1.0)])
+    pq.write_table(pq.read_table(path).drop_columns(["report"]), path)
+    [old] = load_trajectories(path)
+    assert old.report == {} and old.reward == 1.0
