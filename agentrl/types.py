@@ -31,6 +31,7 @@ class RolloutStatus(StrEnum):
     COMPLETED = "completed"
     TRUNCATED_MAX_TURNS = "truncated_max_turns"
     TRUNCATED_LENGTH = "truncated_length"
+    TRUNCATED_TIME = "truncated_time"  # a loop's wall-time budget ran out
     ERROR_TOOL = "error_tool"
     ERROR_ENV = "error_env"
     ERROR_SANDBOX = "error_sandbox"  # kept for metrics, masked out of the loss
@@ -45,7 +46,11 @@ class RolloutStatus(StrEnum):
 
     @property
     def is_truncated(self) -> bool:
-        return self in (RolloutStatus.TRUNCATED_LENGTH, RolloutStatus.TRUNCATED_MAX_TURNS)
+        return self in (
+            RolloutStatus.TRUNCATED_LENGTH,
+            RolloutStatus.TRUNCATED_MAX_TURNS,
+            RolloutStatus.TRUNCATED_TIME,
+        )
 
 
 _INFRA_FAILURES = frozenset(

@@ -5,6 +5,8 @@
                   a reply without tool calls goes to env.step (the answer)
     env_driver    reset -> generate -> env.step(assistant message) -> observation -> ...;
                   the env handles tool calls itself
+    swe           env_driver for repository tasks (swe/Repo-v0): a history window, a
+                  wall-time budget, and a grade of the workspace when a limit ends it
 
 A dataset row picks one with ``Sample.agent``; the collector's ``agent`` is the default.
 """
@@ -25,4 +27,9 @@ register_agent(
     "env_driver",
     "agents.env_driver:EnvAgentLoop",
     description="Drives any Env: every assistant message is an env action.",
+)
+register_agent(
+    "swe",
+    "agents.swe_agent:SWEAgentLoop",
+    description="Repository tasks: act until submit or a limit, then grade the workspace.",
 )

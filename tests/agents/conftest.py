@@ -12,6 +12,7 @@ from agentrl.env import Env, register_env
 from agentrl.tiny import build_tokenizer
 from agentrl.tool import ToolSet
 from agentrl.types import Message, system, user
+from tests.envs.swe_repo import env, repo, repo_test_env  # noqa: F401 (SWE fixtures)
 
 
 def calculator(expression: str) -> str:

@@ -1,0 +1,322 @@
+"""``swe/Repo-v0``: fix a repository task in a sandbox; the hidden tests decide the reward.
+
+    env = make_env("swe/Repo-v0", tasks="data/swe/tasks.jsonl", repos_dir="/var/tmp/swe")
+    obs, info = await env.areset(seed=0)        # a task; a fresh sandbox holding its repo
+    obs, r, done, _, info = await env.astep(action)   # tool calls run; submit grades
+
+One episode: reset draws a task (from the sample's split: train and eval tasks come from
+different *repositories*, ``task_key`` is the repo), copies its prepared repo into a new
+sandbox, checks out ``base_commit`` and scrubs the history: the workspace is one commit of the
+base tree (no later commits, tags, reflog, remotes or packs to read a fix from). The model
+works with tools (``mode="tools"``: bash, the editor, search, python, submit) or, in
+``mode="bash"``, writes one fenced ```` ```bash ```` block per turn that runs in a fresh shell
+(``submit`` alone in the block ends the task). Each observation is cut to
+``max_output_chars`` (head and tail around a marker). Submitting, replying without a tool
+call (tools mode), or the loop's limit (``SWEAgentLoop`` asks for a grade) takes the
+workspace's diff against the base commit and hands it to ``envs.swe.grade.grade``: a fresh
+sandbox, protected files dropped, hidden tests applied, per-test outcomes. The step's
+``info["report"]`` (saved on the trajectory) holds the per-test report and the diff.
+
+Repositories live under ``repos_dir``, one folder per ``task.repo`` with ``/`` replaced by
+``__``: ``<slug>/repo`` (a git repository holding every task's base commit) and, when
+present, ``<slug>/env`` (its test environment, ``envs.swe.pyenv``), or pass ``repo_envs``
+(repo name -> ``RepoEnv``) directly. Infrastructure failures (a sandbox that dies, a task
+whose tests do not run) raise and are masked from the loss, never scored 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl.env import Env, Info, Observation, StepResult
+from agentrl.errors import ConfigError, EnvError, SandboxError
+from agentrl.sandbox import Sandbox, make_sandbox
+from agentrl.splits import DEFAULT_EVAL_FRACTION, split_of
+from agentrl.types import Message
+from envs.swe.grade import RepoEnv, grade
+from envs.swe.task import SWETask, load_tasks
+
+Mode = Literal["tools", "bash"]
+FIXED_DATE = "2026-01-01T00:00:00Z"
+_GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "agentrl",
+    "GIT_AUTHOR_EMAIL": "swe@agentrl.invalid",
+    "GIT_COMMITTER_NAME": "agentrl",
+    "GIT_COMMITTER_EMAIL": "swe@agentrl.invalid",
+    "GIT_AUTHOR_DATE": FIXED_DATE,
+    "GIT_COMMITTER_DATE": FIXED_DATE,
+}
+_SAFE_GIT = {
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
+}
+_BASH_BLOCK = re.compile(r"```(?:bash|sh)\s*\n(.*?)```", re.DOTALL)
+SUBMIT_COMMAND = "submit"
+
+TOOLS_PROMPT = """You are a software engineer working in a git repository at /workspace.
+Fix the issue below so that the repository's tests pass. Explore the code, reproduce the
+problem, edit the source (not the tests), and check your change. Use the tools; call submit
+once when you are done."""
+BASH_PROMPT = """You are a software engineer working in a git repository at /workspace.
+Fix the issue below so that the repository's tests pass. Each reply must contain exactly one
+fenced block of shell commands, like
+
+```bash
+grep -rn "def parse" src/ | head
+```
+
+It runs in a fresh shell in /workspace and you see its output. Edit files with shell tools
+(sed, cat with a heredoc, python). When you are done, reply with a block holding only
+`submit`."""
+
+_TASK_CACHE: dict[tuple[str, float], list[SWETask]] = {}
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` with its middle replaced by a marker when longer than ``limit`` characters."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 3
+    gone = len(text) - head - tail
+    return f"{text[:head]}\n[... {gone} characters cut; narrow the command ...]\n{text[-tail:]}"
+
+
+def _load(tasks: str | list[SWETask]) -> list[SWETask]:
+    if not isinstance(tasks, str):
+        return list(tasks)
+    p = Path(tasks)
+    if not p.exists():
+        raise ConfigError(
+            f"swe/Repo-v0: tasks file {tasks!r} does not exist; make one with "
+            "`agentrl swe synth` or point tasks= at SWE-bench rows (.jsonl or .parquet)"
+        )
+    key = (str(p.resolve()), p.stat().st_mtime)
+    if key not in _TASK_CACHE:
+        _TASK_CACHE[key] = load_tasks(p)
+    return _TASK_CACHE[key]
+
+
+def _repo_env(name: str, d: dict[str, Any]) -> RepoEnv:
+    try:
+        return RepoEnv(
+            repo_dir=str(d["repo_dir"]),
+            python=str(d.get("python", "python3")),
+            ro_paths=tuple(d.get("ro_paths", ())),
+        )
+    except (KeyError, TypeError) as e:
+        raise ConfigError(
+            f"swe/Repo-v0: repo_envs[{name!r}] = {d!r}: expected "
+            "{repo_dir: ..., python: ..., ro_paths: [...]}"
+        ) from e
+
+
+class SWEEnv(Env):
+    """A repository task in a sandbox; see the module docstring."""
+
+    nondeterministic = True  # a sandbox, wall clocks and subprocesses
+
+    def __init__(
+        self,
+        tasks: str | list[SWETask],
+        *,
+        repos_dir: str = "",
+        repo_envs: dict[str, RepoEnv | dict[str, Any]] | None = None,
+        mode: Mode = "tools",
+        max_output_chars: int = 8000,
+        command_timeout_s: float = 60.0,
+        grade_timeout_s: float = 300.0,
+        partial_credit: bool = False,
+        sandbox_kind: str = "local",
+        sandbox_options: dict[str, Any] | None = None,
+    ) -> None:
+        if mode not in ("tools", "bash"):
+            raise ConfigError(f"swe/Repo-v0: mode must be 'tools' or 'bash', got {mode!r}")
+        if not repos_dir and not repo_envs:
+            raise ConfigError(
+                "swe/Repo-v0 needs repos_dir= (the folder `agentrl swe prepare` filled) or "
+                "repo_envs= (repo name -> RepoEnv)"
+            )
+        self.tasks = _load(tasks)
+        if not self.tasks:
+            raise ConfigError(f"swe/Repo-v0: no tasks in {tasks!r}")
+        self.repos_dir = repos_dir
+        self.repo_envs = {
+            name: e if isinstance(e, RepoEnv) else _repo_env(name, e)
+            for name, e in (repo_envs or {}).items()
+        }
+        self.mode: Mode = mode
+        self.max_output_chars = max_output_chars
+        self.command_timeout_s = command_timeout_s
+        self.grade_timeout_s = grade_timeout_s
+        self.partial_credit = partial_credit
+        self.sandbox_kind = sandbox_kind
+        self.sandbox_options = dict(sandbox_options or {})
+        self.sandbox: Sandbox | None = None
+        self.task: SWETask | None = None
+        self._root = ""
+        if mode == "tools":
+            from tools.swe import swe_toolset
+
+            self.tools = swe_toolset()
+
+    # --- episode --------------------------------------------------------------------------
+    def repo_env(self, task: SWETask) -> RepoEnv:
+        """Where ``task``'s repository and its Python are (see the module docstring)."""
+        if task.repo in self.repo_envs:
+            return self.repo_envs[task.repo]
+        slug = task.repo.replace("/", "__")
+        base = Path(self.repos_dir) / slug
+        if not (base / "repo" / ".git").exists():
+            raise EnvError(
+                f"{task.instance_id}: no prepared repository at {base / 'repo'}; run "
+                f"`agentrl swe prepare --out {self.repos_dir}` (or pass repo_envs=)"
+            )
+        env = base / "env"
+        if (env / "bin" / "python").exists():
+            return RepoEnv(repo_dir=str(base / "repo"), python=str(env / "bin" / "python"),
+                           ro_paths=(str(env),))  # fmt: skip
+        return RepoEnv(repo_dir=str(base / "repo"))
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, Info]:
+        await super().areset(seed=seed)
+        await self._close_sandbox()
+        opts = options or {}
+        pool = self.tasks
+        if opts.get("split") is not None:
+            frac = float(opts.get("eval_fraction", DEFAULT_EVAL_FRACTION))
+            pool = [t for t in self.tasks if split_of(t.repo, frac) == opts["split"]]
+            if not pool:
+                repos = sorted({t.repo for t in self.tasks})
+                raise EnvError(
+                    f"swe/Repo-v0: no {opts['split']!r} tasks at eval_fraction={frac}: the "
+                    f"split is by repository and none of {repos} falls there; change "
+                    "data.eval_fraction or add repositories"
+                )
+        task = pool[int(self.np_random.integers(len(pool)))]
+        self.task = task
+        repo = self.repo_env(task)
+        self.sandbox = await make_sandbox(self.sandbox_kind, **self._sandbox_config(repo))
+        self._root = await self._scrub(task)
+        prompt = TOOLS_PROMPT if self.mode == "tools" else BASH_PROMPT
+        obs = [
+            Message(role="system", content=prompt),
+            Message(role="user", content=f"<issue>\n{task.problem_statement.strip()}\n</issue>"),
+        ]
+        return obs, {"task_key": task.repo, "instance_id": task.instance_id}
+
+    def task_key(self, observation: Observation, info: Info) -> str:
+        """The repository: train and eval tasks never share one."""
+        return str(info["task_key"])
+
+    def _sandbox_config(self, repo: RepoEnv) -> dict[str, Any]:
+        options = repo.sandbox_options()
+        if self.sandbox_kind != "local":
+            options.pop("ro_paths", None)
+        path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        if repo.python != "python3":
+            path = f"{os.path.dirname(repo.python)}:{path}"
+        env = {"PATH": path, **_SAFE_GIT, "PYTHONDONTWRITEBYTECODE": "1"}
+        user = self.sandbox_options.get("env") or {}
+        return {**options, **self.sandbox_options, "env": {**env, **user}}
+
+    async def _scrub(self, task: SWETask) -> str:
+        """Check out the base commit and replace the history with one commit of its tree."""
+        assert self.sandbox is not None
+        base = shlex.quote(task.base_commit)
+        r = await self.sandbox.exec(
+            f"git checkout -q --force {base} && git clean -qfdx && rm -rf .git && "
+            "git init -q -b main && git add -A && git commit -q --no-verify -m base && "
+            "git rev-parse HEAD",
+            env=_GIT_IDENTITY,
+            timeout_s=120,
+        )
+        if not r.ok:
+            raise EnvError(
+                f"{task.instance_id}: could not check out base_commit {task.base_commit} in "
+                f"the prepared repo: {r.output[-1000:]}"
+            )
+        return r.stdout.strip()
+
+    async def astep(self, action: Message) -> StepResult:
+        if self.sandbox is None or self.task is None:
+            raise EnvError("swe/Repo-v0: step() before reset()")
+        if action.role != "assistant":  # the loop's limit (agents.swe_agent.GRADE_NOW)
+            return await self.finish()
+        if self.mode == "tools":
+            if not action.tool_calls:
+                return await self.finish()
+            obs = await self.acall_tools(action, sandbox=self.sandbox)
+            obs = [dataclasses.replace(m, content=cut(m.text, self.max_output_chars)) for m in obs]
+            from tools._state import get_submission
+
+            if get_submission(self.sandbox) is not None:
+                return await self.finish(obs)
+            return obs, 0.0, False, False, {}
+        blocks = _BASH_BLOCK.findall(action.text)
+        if len(blocks) != 1:
+            msg = (
+                f"Found {len(blocks)} ```bash blocks; reply with exactly one fenced block of "
+                "commands (or one holding only `submit` when you are done)."
+            )
+            return [Message(role="user", content=msg)], 0.0, False, False, {"format_error": 1}
+        command = blocks[0].strip()
+        if command == SUBMIT_COMMAND:
+            return await self.finish()
+        r = await self.sandbox.exec(command, timeout_s=self.command_timeout_s)
+        text = f"<returncode>{r.exit_code}</returncode>\n<output>\n{r.output}</output>"
+        if r.timed_out:
+            text += f"\n(the command was killed after {self.command_timeout_s:g} s)"
+        return (
+            [Message(role="user", content=cut(text, self.max_output_chars))],
+            0.0,
+            False,
+            False,
+            {},
+        )
+
+    async def diff(self) -> str:
+        """The workspace's changes against the base commit, new files included."""
+        assert self.sandbox is not None
+        r = await self.sandbox.exec(
+            'idx=$(mktemp -u) && GIT_INDEX_FILE="$idx" git add -A && '
+            f'GIT_INDEX_FILE="$idx" git diff --cached --binary {self._root}; rc=$?; rm -f "$idx"; exit $rc',
+            timeout_s=120,
+        )
+        return r.stdout if r.ok else ""  # a workspace the model broke (no .git) has no diff
+
+    async def finish(self, obs: Observation | None = None) -> StepResult:
+        """Grade the workspace now: the episode's last step (also used at the loop's limit)."""
+        assert self.task is not None and self.sandbox is not None
+        patch = await self.diff()
+        report = await grade(
+            self.task,
+            patch,
+            self.repo_env(self.task),
+            sandbox_kind=self.sandbox_kind,
+            sandbox_options={k: v for k, v in self.sandbox_options.items() if k != "env"},
+            timeout_s=self.grade_timeout_s,
+            partial_credit=self.partial_credit,
+        )
+        info = {
+            "success": report.resolved,
+            "report": {**report.to_dict(), "model_patch": patch},
+        }
+        return list(obs or []), report.reward, True, False, info
+
+    async def aclose(self) -> None:
+        await self._close_sandbox()
+
+    async def _close_sandbox(self) -> None:
+        sb, self.sandbox = self.sandbox, None
+        if sb is not None:
+            with contextlib.suppress(SandboxError):  # the backend's sweep removes what is left
+                await sb.close()
