@@ -132,37 +132,85 @@ def eval_main(
     overrides: list[str] | None = None,
     seeds: list[int] | None = None,
     modules: list[str] | None = None,
+    *,
+    servers: list[str] | None = None,
+    k: int = 1,
+    tasks: str | Path | None = None,
+    out: str | Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate an HF directory on the recipe's eval split (``eval.num_samples`` per seed).
 
     With ``seeds``, the eval runs once per seed (``seed=<seed>``: the sampling seed of the
     servers) and the result holds each seed's metrics plus the mean and standard error over
-    seeds of every ``eval/...`` metric.
+    seeds of every ``eval/...`` metric. ``servers``: use running inference servers instead of
+    serving ``model`` (which then only gives the tokenizer and chat template). ``k``: samples
+    per task, for pass@1 and pass@k. ``tasks``: a task file given to every env of the recipe
+    as ``tasks=`` (SWE and GUI envs). ``out``: a folder for ``per_instance.jsonl``,
+    ``trajectories.jsonl`` and, where the env's grader reports patches, ``predictions.jsonl``
+    in SWE-bench's format.
     """
+    from agentrl.rollout.io import save_trajectories
+    from agentrl.types import Trajectory
     from trainers.config import load_run_config
-    from trainers.eval import evaluate_model, mean_and_se
+    from trainers.eval import evaluate_model, mean_and_se, per_instance, swe_bench_predictions
 
     import_modules(modules or [])
+    if tasks is not None and not Path(tasks).is_file():
+        raise AgentRLError(f"--tasks {str(tasks)!r} is not a file")
+    kept: list[Trajectory] = []
+
+    def one(extra: list[str]) -> dict[str, float]:
+        cfg = load_run_config(recipe, [*(overrides or []), *extra])
+        if tasks is not None:
+            for e in cfg.data.envs:
+                e.kwargs["tasks"] = str(Path(tasks).resolve())
+        with tempfile.TemporaryDirectory(prefix="agentrl-eval-") as logs:
+            return evaluate_model(cfg, model, log_dir=Path(logs), servers=servers, k=k, keep=kept)
+
     if not seeds:
-        cfg = load_run_config(recipe, overrides)
-        with tempfile.TemporaryDirectory(prefix="agentrl-eval-") as logs:
-            return evaluate_model(cfg, model, log_dir=Path(logs))
-    per_seed: dict[str, dict[str, float]] = {}
-    for seed in seeds:
-        cfg = load_run_config(recipe, [*(overrides or []), f"seed={seed}"])
-        with tempfile.TemporaryDirectory(prefix="agentrl-eval-") as logs:
-            per_seed[str(seed)] = evaluate_model(cfg, model, log_dir=Path(logs))
-    keys = sorted(next(iter(per_seed.values())))
-    stats = {k: mean_and_se([m[k] for m in per_seed.values()]) for k in keys}
-    return {
-        "command": _command(
-            "eval", recipe, overrides, ["--model", str(model), "--seeds", ",".join(map(str, seeds))]
-        ),
-        "seeds": seeds,
-        "mean": {k: v[0] for k, v in stats.items()},
-        "se_over_seeds": {k: v[1] for k, v in stats.items()},
-        "per_seed": per_seed,
-    }
+        result: dict[str, Any] = one([])
+    else:
+        per_seed = {str(seed): one([f"seed={seed}"]) for seed in seeds}
+        keys = sorted(next(iter(per_seed.values())))
+        stats = {key: mean_and_se([m[key] for m in per_seed.values()]) for key in keys}
+        flags = ["--model", str(model), "--seeds", ",".join(map(str, seeds))]
+        result = {
+            "command": _command("eval", recipe, overrides, flags),
+            "seeds": seeds,
+            "mean": {key: v[0] for key, v in stats.items()},
+            "se_over_seeds": {key: v[1] for key, v in stats.items()},
+            "per_seed": per_seed,
+        }
+    if out is not None:
+        d = Path(out)
+        d.mkdir(parents=True, exist_ok=True)
+        rows = per_instance(kept, k)
+        (d / "per_instance.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        save_trajectories(d / "trajectories.jsonl", kept)
+        preds = swe_bench_predictions(kept, Path(model).name)
+        if preds:
+            (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in preds))
+        _print_instances(rows, k)
+    return result
+
+
+def _print_instances(rows: list[dict[str, Any]], k: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} eval tasks")
+    for col in ("task", "n", "passed", "pass@1", *([f"pass@{k}"] if k > 1 else []), "statuses"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["task"],
+            str(r["n"]),
+            str(r["passed"]),
+            f"{r['pass@1']:.2f}",
+            *([f"{r.get(f'pass@{k}', float('nan')):.2f}"] if k > 1 else []),
+            ",".join(r["statuses"]),
+        )
+    Console(stderr=True).print(table)
 
 
 Seeds = Annotated[
@@ -199,13 +247,50 @@ def sft_cmd(recipe: Recipe, overrides: Overrides = None, modules: Modules = None
 
 def eval_cmd(
     recipe: Recipe,
-    model: Annotated[Path, typer.Option("--model", help="HF model directory to evaluate.")],
+    model: Annotated[
+        Path,
+        typer.Option(
+            "--model", help="HF model directory to evaluate (with --server: its tokenizer)."
+        ),
+    ],
     overrides: Overrides = None,
     seeds: Seeds = None,
     modules: Modules = None,
+    server: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--server",
+            help="A running inference server to use instead of serving --model (repeatable); "
+            "vllm+URL or sglang+URL for those backends.",
+        ),
+    ] = None,
+    k: Annotated[
+        int, typer.Option("--k", help="Samples per eval task; reports pass@1 and pass@k.")
+    ] = 1,
+    tasks: Annotated[
+        Path | None,
+        typer.Option("--tasks", help="A task file (.jsonl/.parquet) given to the envs as tasks=."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write per_instance.jsonl, trajectories.jsonl and (SWE) predictions.jsonl here.",
+        ),
+    ] = None,
 ) -> None:
     """Evaluate a model directory on the recipe's eval split (tasks disjoint from training)."""
-    result = eval_main(recipe, model, overrides or [], _parse_seeds(seeds), modules)
+    result = eval_main(
+        recipe,
+        model,
+        overrides or [],
+        _parse_seeds(seeds),
+        modules,
+        servers=server,
+        k=k,
+        tasks=tasks,
+        out=out,
+    )
     typer.echo(json.dumps(result, indent=2))
 
 

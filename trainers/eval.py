@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.chat import ChatTemplate
+from agentrl.errors import ConfigError
 from agentrl.logging import read_jsonl
 from agentrl.rollout.collector import RolloutCollector
+from agentrl.types import Trajectory
 from trainers.config import RunConfig
 from trainers.serving import Fleet
 
@@ -30,25 +32,98 @@ _SHOWN = ("reward_mean", "success_rate", "response_len_mean", "turns_mean", "too
 _STATS = ("n", "num_tasks", "success_se", "reward_se")
 
 
-def eval_metrics(fleet: Fleet, cfg: RunConfig, template: ChatTemplate) -> dict[str, float]:
-    """``eval.num_samples`` rollouts (one per sample) on the eval split -> ``eval/...`` metrics.
+def eval_metrics(
+    fleet: Fleet,
+    cfg: RunConfig,
+    template: ChatTemplate,
+    *,
+    k: int = 1,
+    keep: list[Trajectory] | None = None,
+) -> dict[str, float]:
+    """``eval.num_samples`` eval-split tasks, ``k`` rollouts each -> ``eval/...`` metrics.
 
     Besides the rollout metrics: ``eval/n`` (trajectories), ``eval/success_se`` and
-    ``eval/reward_se`` (standard errors of the means), ``eval/num_tasks`` (distinct tasks).
+    ``eval/reward_se`` (standard errors of the means), ``eval/num_tasks`` (distinct tasks) and,
+    with ``k > 1``, ``eval/pass@1`` and ``eval/pass@k`` (the unbiased estimator over each
+    task's ``k`` samples). ``keep`` receives the trajectories.
     """
-    ecfg = replace(cfg.rollout, group_size=1, temperature=cfg.eval.temperature)
+    if k < 1:
+        raise ConfigError(f"--k must be >= 1 (samples per eval task), got {k}")
+    ecfg = replace(cfg.rollout, group_size=k, temperature=cfg.eval.temperature)
     collector = fleet.collector(ecfg, template, rubric=cfg.reward.build_rubric())  # as trained
     samples = [cfg.data.sample(i, eval=True) for i in range(cfg.eval.num_samples)]
     groups = fleet.collect(collector, samples)
     trajs = [t for g in groups for t in g.trajectories]
     m = RolloutCollector.metrics(groups)
     out = {"eval/" + k.partition("/")[2]: v for k, v in m.items()}
-    successes = [float(t.metrics.get("success", float(t.reward > 0))) for t in trajs]
+    successes = [success(t) for t in trajs]
     out["eval/n"] = float(len(trajs))
     out["eval/success_se"] = standard_error(successes)
     out["eval/reward_se"] = standard_error([t.reward for t in trajs])
-    out["eval/num_tasks"] = float(len({t.messages[0].text for t in trajs if t.messages}))
+    out["eval/num_tasks"] = float(len({task_id(t) for t in trajs}))
+    if k > 1:
+        per_group = [[success(t) for t in g.trajectories] for g in groups]
+        for kk in sorted({1, k}):
+            vals = [pass_at_k(len(g), int(sum(g)), kk) for g in per_group if len(g) >= kk]
+            out[f"eval/pass@{kk}"] = sum(vals) / len(vals) if vals else float("nan")
+    if keep is not None:
+        keep.extend(trajs)
     return out
+
+
+def success(t: Trajectory) -> float:
+    return float(t.metrics.get("success", float(t.reward > 0)))
+
+
+def task_id(t: Trajectory) -> str:
+    """What names a trajectory's task: the grader's ``instance_id``, else its first user turn."""
+    iid = t.report.get("instance_id")
+    if iid:
+        return str(iid)
+    first = next((m for m in t.messages if m.role == "user"), t.messages[0] if t.messages else None)
+    return first.text if first is not None else t.sample.uid
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` passed: 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def per_instance(trajs: list[Trajectory], k: int) -> list[dict[str, Any]]:
+    """One row per task: samples, passes, pass@1 and pass@k, mean reward, statuses."""
+    by: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by.setdefault(task_id(t), []).append(t)
+    rows = []
+    for tid, ts in by.items():
+        c = int(sum(success(t) for t in ts))
+        row: dict[str, Any] = {
+            "task": tid if len(tid) <= 80 else tid[:77] + "...",
+            "n": len(ts),
+            "passed": c,
+            "pass@1": c / len(ts),
+            "reward_mean": sum(t.reward for t in ts) / len(ts),
+            "statuses": sorted({t.status.value for t in ts}),
+        }
+        if k > 1 and len(ts) >= k:
+            row[f"pass@{k}"] = pass_at_k(len(ts), c, k)
+        rows.append(row)
+    return rows
+
+
+def swe_bench_predictions(trajs: list[Trajectory], model_name: str) -> list[dict[str, str]]:
+    """SWE-bench's prediction rows (instance_id, model_name_or_path, model_patch): the first
+    sample of each instance whose grader reported a patch."""
+    seen: dict[str, dict[str, str]] = {}
+    for t in trajs:
+        iid, patch = t.report.get("instance_id"), t.report.get("model_patch")
+        if iid and isinstance(patch, str) and iid not in seen:
+            seen[iid] = {"instance_id": iid, "model_name_or_path": model_name, "model_patch": patch}
+    return list(seen.values())
 
 
 def standard_error(xs: list[float]) -> float:
@@ -65,12 +140,24 @@ def mean_and_se(xs: list[float]) -> tuple[float, float]:
     return (sum(xs) / len(xs) if xs else float("nan")), standard_error(xs)
 
 
-def evaluate_model(cfg: RunConfig, model: str | Path, *, log_dir: Path) -> dict[str, float]:
-    """Serve ``model`` (an HF directory) on loopback and evaluate it on ``cfg``'s eval samples."""
+def evaluate_model(
+    cfg: RunConfig,
+    model: str | Path,
+    *,
+    log_dir: Path,
+    servers: list[str] | None = None,
+    k: int = 1,
+    keep: list[Trajectory] | None = None,
+) -> dict[str, float]:
+    """Serve ``model`` (an HF directory) on loopback, or use running ``servers`` that serve it
+    (``model`` then gives the chat template), and evaluate it on ``cfg``'s eval samples."""
     fleet = Fleet.for_run(cfg, log_dir)
     try:
-        fleet.start(model)
-        return eval_metrics(fleet, cfg, ChatTemplate.from_pretrained(model))
+        if servers:
+            fleet.attach(servers)
+        else:
+            fleet.start(model)
+        return eval_metrics(fleet, cfg, ChatTemplate.from_pretrained(model), k=k, keep=keep)
     finally:
         fleet.close()
 

@@ -199,6 +199,15 @@ class Fleet:
         if self.supervisor_cfg.enabled:
             self._watch = self.loop.create_task(self.supervisor.watch())
 
+    def attach(self, urls: Sequence[str]) -> None:
+        """Use servers someone else started (``agentrl eval --server``): no processes, no
+        weight sync, no supervision; ``urls`` as the client takes them (``vllm+http://...``
+        for vLLM, ``sglang+http://...`` for SGLang, plain for the embedded server)."""
+        if not urls:
+            raise InferenceError("Fleet.attach() needs at least one server URL")
+        self.client = SupervisedClient(list(urls))
+        self.generator = SeededGenerator(self.client, self.run_seed)
+
     def _server(self, i: int, model: str) -> ServerProcess:
         c = self.cfg
         device = c.placement[i % len(c.placement)] if c.placement else self.device
