@@ -5,9 +5,10 @@
     obs, r, done, _, info = await env.astep(action)   # tool calls run; submit grades
 
 One episode: reset draws a task (from the sample's split: train and eval tasks come from
-different *repositories*, ``task_key`` is the repo), copies its prepared repo into a new
-sandbox, checks out ``base_commit`` and scrubs the history: the workspace is one commit of the
-base tree (no later commits, tags, reflog, remotes or packs to read a fix from). The model
+different *repositories*, ``task_key`` is the repo) and copies its workspace into a new
+sandbox. A task's workspace is made once (``SWEEnv.workspace``): the tree of ``base_commit``,
+committed alone, so the history holds nothing to read a fix from (no later commits, tags,
+reflog, remotes or packs); a reset then costs one sandbox create. The model
 works with tools (``mode="tools"``: bash, the editor, search, python, submit) or, in
 ``mode="bash"``, writes one fenced ```` ```bash ```` block per turn that runs in a fresh shell
 (``submit`` alone in the block ends the task). Each observation is cut to
@@ -26,11 +27,14 @@ whose tests do not run) raise and are masked from the loss, never scored 0.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
 import re
-import shlex
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -135,6 +139,7 @@ class SWEEnv(Env):
         partial_credit: bool = False,
         sandbox_kind: str = "local",
         sandbox_options: dict[str, Any] | None = None,
+        workspace_cache: str = "",
     ) -> None:
         if mode not in ("tools", "bash"):
             raise ConfigError(f"swe/Repo-v0: mode must be 'tools' or 'bash', got {mode!r}")
@@ -158,6 +163,7 @@ class SWEEnv(Env):
         self.partial_credit = partial_credit
         self.sandbox_kind = sandbox_kind
         self.sandbox_options = dict(sandbox_options or {})
+        self.workspace_cache = workspace_cache
         self.sandbox: Sandbox | None = None
         self.task: SWETask | None = None
         self._root = ""
@@ -204,8 +210,9 @@ class SWEEnv(Env):
         task = pool[int(self.np_random.integers(len(pool)))]
         self.task = task
         repo = self.repo_env(task)
-        self.sandbox = await make_sandbox(self.sandbox_kind, **self._sandbox_config(repo))
-        self._root = await self._scrub(task)
+        folder, self._root = await asyncio.to_thread(self.workspace, task, repo)
+        config = self._sandbox_config(repo) | {"template_dir": folder}
+        self.sandbox = await make_sandbox(self.sandbox_kind, **config)
         prompt = TOOLS_PROMPT if self.mode == "tools" else BASH_PROMPT
         obs = [
             Message(role="system", content=prompt),
@@ -228,23 +235,54 @@ class SWEEnv(Env):
         user = self.sandbox_options.get("env") or {}
         return {**options, **self.sandbox_options, "env": {**env, **user}}
 
-    async def _scrub(self, task: SWETask) -> str:
-        """Check out the base commit and replace the history with one commit of its tree."""
-        assert self.sandbox is not None
-        base = shlex.quote(task.base_commit)
-        r = await self.sandbox.exec(
-            f"git checkout -q --force {base} && git clean -qfdx && rm -rf .git && "
-            "git init -q -b main && git add -A && git commit -q --no-verify -m base && "
-            "git rev-parse HEAD",
-            env=_GIT_IDENTITY,
-            timeout_s=120,
-        )
-        if not r.ok:
-            raise EnvError(
-                f"{task.instance_id}: could not check out base_commit {task.base_commit} in "
-                f"the prepared repo: {r.output[-1000:]}"
+    def workspace(self, task: SWETask, repo: RepoEnv) -> tuple[str, str]:
+        """The task's scrubbed workspace (a folder) and its one commit, made once per task.
+
+        ``git archive`` of the base commit, committed alone with a fixed identity and date (so
+        the commit hash is the same everywhere), under ``workspace_cache`` (default: a
+        ``.workspaces`` folder beside the repository). Built in a temporary folder and renamed
+        into place, so concurrent envs and processes never see half of one. Each reset then
+        only copies it into a new sandbox.
+        """
+        cache = Path(self.workspace_cache or Path(repo.repo_dir).parent / ".workspaces")
+        done = cache / task.instance_id
+        marker = done / ".git" / "agentrl-root"
+        if marker.exists():
+            return str(done), marker.read_text().strip()
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{task.instance_id}.", dir=cache))
+        try:
+            env = {**os.environ, **_GIT_IDENTITY, "GIT_CONFIG_GLOBAL": "/dev/null"}
+            archive = subprocess.run(
+                ["git", "-C", repo.repo_dir, "archive", "--format=tar", task.base_commit],
+                capture_output=True,
+                check=False,
             )
-        return r.stdout.strip()
+            if archive.returncode:
+                raise EnvError(
+                    f"{task.instance_id}: base_commit {task.base_commit} is not in the prepared "
+                    f"repo {repo.repo_dir}: {archive.stderr.decode(errors='replace')[-500:]}"
+                )
+            subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
+            for argv in (
+                ["git", "init", "-q", "-b", "main"],
+                ["git", "add", "-A"],
+                ["git", "commit", "-q", "--no-verify", "-m", "base"],
+            ):
+                subprocess.run(argv, cwd=tmp, env=env, check=True, capture_output=True)
+            root = subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=tmp, capture_output=True, text=True, check=True
+            ).stdout.strip()
+            (tmp / ".git" / "agentrl-root").write_text(root + "\n")
+            subprocess.run(["chmod", "-R", "a+rX", str(tmp)], check=True)
+            try:
+                tmp.rename(done)
+            except OSError:  # another env finished it first: theirs is the same
+                if not marker.exists():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return str(done), marker.read_text().strip()
 
     async def astep(self, action: Message) -> StepResult:
         if self.sandbox is None or self.task is None:

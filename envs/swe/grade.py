@@ -235,7 +235,7 @@ async def _grade_in(
         f'[ "$({git} rev-parse HEAD)" = {task.base_commit} ] || '
         f"{{ {git} rev-parse HEAD; exit {_EXIT_NOT_BASE}; }}; "
         f"if [ -s {work}/model.diff ]; then {apply} {work}/model.diff || exit {_EXIT_MODEL_PATCH}; fi; "
-        f"{apply} {work}/test.diff || exit {_EXIT_TEST_PATCH}",
+        f"if [ -s {work}/test.diff ]; then {apply} {work}/test.diff || exit {_EXIT_TEST_PATCH}; fi",
         timeout_s=120,
     )
     if prep.exit_code == _EXIT_NO_PYTEST:
