@@ -49,7 +49,7 @@ def envs_serve(
     import uvicorn
 
     from agentrl.env import ENVS
-    from agentrl.envserver.server import EnvServer
+    from agentrl.envserver.server import EnvServer, http_protocol
 
     check_bind(host, token, token_env=TOKEN_ENV, serves="run envs and their tools")
     import_modules(module or [])
@@ -67,5 +67,11 @@ def envs_serve(
     server = EnvServer(config)
     logger.info("serving %s on http://%s:%d", ", ".join(env_ids), host, port)
     uvicorn.run(
-        server.app(), host=host, port=port, log_level="warning", access_log=False, loop=SERVER_LOOP
+        server.app(),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        loop=SERVER_LOOP,
+        http=http_protocol(),
     )

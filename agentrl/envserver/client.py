@@ -9,8 +9,11 @@ A RemoteEnv is an ``Env``: AgentLoops, the collector, SFT and ``agentrl envs che
 unchanged. How data moves: ``make_env`` asks a server to describe the env once per
 (id, kwargs) (its tools' schemas, whether it is nondeterministic; the protocol handshake
 happens here) -> the first ``areset`` opens a session on the least-loaded server under its
-cap (``EnvServerPool``) -> every reset, step and tool call of that env goes to that session
-(sticky: one trajectory, one server) -> ``aclose`` closes the session and frees the slot.
+cap (``EnvServerPool``) and resets it, in one request -> every later reset, step and tool call
+of that env goes to that session (sticky: one trajectory, one server) -> ``aclose`` closes the
+session and frees the slot; the closes of all envs closed in the same event-loop turn travel
+together (``POST /sessions/close``). A rollout of N steps thus costs N + 1 requests and a share
+of one, over keep-alive connections (``agentrl.envserver.conn``, a lean HTTP/1.1 client).
 Answers are frames (``agentrl.envserver.wire``): images arrive as raw bytes and are rebuilt
 into the same data URLs the env produced.
 
@@ -25,14 +28,16 @@ Failures: a server that dies mid-episode (or loses the session) raises ``EnvServ
 siblings on other sessions are unaffected. An exception in the env's own code arrives as
 the error kind it was (``EnvError``, ``SandboxError``, ``RewardError``, ``ToolError``).
 Retried requests carry the same request id, so an env never steps twice for one call.
-Sessions are closed by ``aclose``, at interpreter exit (``atexit``), and otherwise by the
-server's idle TTL.
+Sessions are closed by ``aclose``, when a RemoteEnv is garbage-collected unclosed (queued
+for the next batched close), at interpreter exit (``atexit``), and otherwise by the server's
+idle TTL. ``EnvServerPool.aclose()`` (or ``close_pools()``) closes the pool's connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -44,12 +49,12 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import gymnasium as gym
 import httpx2
 from gymnasium.envs.registration import EnvSpec
 
 from agentrl.env import Env, Info, Observation, StepResult
+from agentrl.envserver.conn import ConnPool, TransportError
 from agentrl.envserver.server import PROTOCOL_HEADER, PROTOCOL_VERSION
 from agentrl.envserver.wire import MEDIA_TYPE, unpack
 from agentrl.errors import (
@@ -60,7 +65,7 @@ from agentrl.errors import (
     SandboxError,
     ToolError,
 )
-from agentrl.http import SESSION_HEADER, ApiClient, api_error, bearer_headers
+from agentrl.http import SESSION_HEADER, bearer_headers
 from agentrl.tool import ToolResult, ToolSet
 from agentrl.toolserver.client import SchemaTool
 from agentrl.types import JSON, Message, ToolCall
@@ -93,41 +98,15 @@ class RemoteConfig:
     """A server that could not be reached gets no new session for this long."""
 
 
-class _Api(ApiClient):
-    """``ApiClient`` with one httpx2 client per live event loop (sync wrappers run a new loop
-    per call; a client of a finished loop must never be reused)."""
-
-    def __init__(self, url: str, token: str, config: RemoteConfig, retries: int) -> None:
-        super().__init__(
-            url,
-            token,
-            timeout_s=config.timeout_s,
-            retries=retries,
-            backoff_s=config.retry_backoff_s,
-        )
-        self._by_loop: weakref.WeakKeyDictionary[Any, httpx2.AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def client(self) -> httpx2.AsyncClient:
-        loop = asyncio.get_running_loop()
-        c = self._by_loop.get(loop)
-        if c is None or c.is_closed:
-            limits = httpx2.Limits(max_connections=1024, max_keepalive_connections=256)
-            c = self._by_loop[loop] = httpx2.AsyncClient(
-                base_url=self.url, headers=self.headers, timeout=self.timeout_s, limits=limits
-            )
-        return c
-
-
 @dataclass(eq=False)
 class _Server:
     url: str
-    api: _Api
-    once: _Api
-    """One retry only (a stale keep-alive connection), then fail over: opening sessions."""
+    conn: ConnPool
     active: int = 0
     down_until: float = 0.0
+    closing: list[RemoteSession] = field(default_factory=list)
+    """Sessions to close in the next batch (``POST /sessions/close``)."""
+    flush: asyncio.Future[None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,18 +119,34 @@ class RemoteSession:
     def headers(self) -> dict[str, str]:
         return {SESSION_HEADER: self.token, PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
 
+    @property
+    def head(self) -> str:
+        """The headers as HTTP header lines (``ConnPool.post``)."""
+        return f"{SESSION_HEADER}: {self.token}\r\n{PROTOCOL_HEADER}: {PROTOCOL_VERSION}\r\n"
+
 
 def _raise_for(r: httpx2.Response, where: str) -> None:
     _raise_error(r.status_code, r.content, where)
 
 
-def _raise_error(status: int, body: bytes, where: str) -> None:
-    """The agentrl error an env server's error answer stands for."""
+_FRAME = MEDIA_TYPE.encode()
+
+
+def _error(status: int, body: bytes) -> tuple[str, str]:
     try:
         err = json.loads(body)["error"]
-        kind, msg = str(err["type"]), str(err["message"])
+        return str(err["type"]), str(err["message"])
     except Exception:
-        kind, msg = "http", f"HTTP {status}: {body[:500]!r}"
+        return "http", f"HTTP {status}: {body[:500]!r}"
+
+
+def _error_text(status: int, body: bytes) -> str:
+    return _error(status, body)[1]
+
+
+def _raise_error(status: int, body: bytes, where: str) -> None:
+    """The agentrl error an env server's error answer stands for."""
+    kind, msg = _error(status, body)
     text = f"env server {where}: {msg}"
     if status in (401, 403):
         raise EnvServerError(f"{text} (pass remote={{'token': ...}} or set {TOKEN_ENV})")
@@ -185,18 +180,19 @@ class EnvServerPool:
         self.config = config
         token = config.token or os.environ.get(TOKEN_ENV, "")
         self.token = token
-        self.servers = [
-            _Server(
-                u.rstrip("/"), _Api(u, token, config, config.retries), _Api(u, token, config, 0)
-            )
-            for u in config.servers
-        ]
+        try:
+            self.servers = [
+                _Server(
+                    u.rstrip("/"),
+                    ConnPool(u, bearer_headers(token), timeout_s=config.timeout_s),
+                )
+                for u in config.servers
+            ]
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
         self.open_sessions: dict[str, RemoteSession] = {}
         self._described: dict[str, JSON] = {}
         self._lock = threading.Lock()
-        self._hot: weakref.WeakKeyDictionary[Any, aiohttp.ClientSession] = (
-            weakref.WeakKeyDictionary()
-        )
 
     # --- describe (sync: make_env is sync) --------------------------------------------------
     def describe(self, env_id: str, kwargs: JSON) -> JSON:
@@ -232,11 +228,18 @@ class EnvServerPool:
         raise EnvServerError(f"no env server answered to describe {env_id}: {'; '.join(errors)}")
 
     # --- sessions ---------------------------------------------------------------------------
-    async def open(self, env_id: str, kwargs: JSON) -> RemoteSession:
-        """A session on the least-loaded server under its cap; waits (bounded) when all are full."""
+    async def open(
+        self, env_id: str, kwargs: JSON, reset: JSON | None = None
+    ) -> tuple[RemoteSession, Any]:
+        """A session on the least-loaded server under its cap (waits, bounded, when all are
+        full), and the answer of ``reset`` (a reset request's body) run in it, if given."""
         c = self.config
         deadline = time.monotonic() + c.acquire_timeout_s
-        body = {"env_id": env_id, "kwargs": kwargs, "protocol": PROTOCOL_VERSION}
+        req: JSON = {"env_id": env_id, "kwargs": kwargs, "protocol": PROTOCOL_VERSION}
+        if reset is not None:
+            req["reset"] = reset
+            req["request_id"] = uuid.uuid4().hex  # a retried open gets the first answer
+        data = json.dumps(req).encode()
         errors: dict[str, str] = {}
         while True:
             now = time.monotonic()
@@ -251,24 +254,24 @@ class EnvServerPool:
                     continue
                 s.active += 1
                 try:
-                    r = await s.once.send("POST", "/sessions", json=body)
-                except SandboxError as e:  # ApiClient's "could not reach"
+                    status, ctype, content = await self._post(s, "/sessions", data, "", tries=2)
+                except TransportError as e:
                     s.active -= 1
                     s.down_until = time.monotonic() + c.down_for_s
                     errors[s.url] = str(e)
                     logger.warning("env server %s unreachable; trying another: %s", s.url, e)
                     continue
-                if r.status_code == 503:  # full: try another, or wait
+                if status == 503:  # full: try another, or wait
                     s.active -= 1
-                    errors[s.url] = api_error(r)[1]
+                    errors[s.url] = _error_text(status, content)
                     continue
-                if r.status_code >= 400:
+                if status >= 400:
                     s.active -= 1
-                    _raise_for(r, s.url)
-                out = r.json()
+                    _raise_error(status, content, s.url)
+                out = unpack(content) if ctype == _FRAME else json.loads(content)
                 session = RemoteSession(s, str(out["session_id"]), str(out["session_token"]))
                 self.open_sessions[session.id] = session
-                return session
+                return session, out.get("reset")
             if time.monotonic() >= deadline:
                 raise EnvServerError(
                     f"no env server had a free session for {env_id} within "
@@ -277,71 +280,111 @@ class EnvServerPool:
                 )
             await asyncio.sleep(0.02)
 
-    async def close(self, session: RemoteSession) -> None:
+    async def _post(
+        self, s: _Server, path: str, data: bytes, head: str, *, tries: int
+    ) -> tuple[int, bytes, bytes]:
+        """``ConnPool.post``, a transport failure retried with backoff (``tries`` in all)."""
+        for attempt in range(tries):
+            if attempt:
+                await asyncio.sleep(self.config.retry_backoff_s * 2 ** (attempt - 1))
+            try:
+                return await s.conn.post(path, data, head)
+            except TransportError:
+                if attempt == tries - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def forget(self, session: RemoteSession) -> bool:
+        """Take ``session`` off the open ones and queue it for the server's next batched close."""
         if self.open_sessions.pop(session.id, None) is None:
-            return
+            return False
         session.server.active -= 1
+        session.server.closing.append(session)
+        return True
+
+    async def close(self, session: RemoteSession) -> None:
+        """Close ``session`` (its server's slot frees at once); the closes of every session
+        closed in the same event-loop turn go to the server in one request, awaited here."""
+        if not self.forget(session):
+            return
+        await self._flush_soon(session.server)
+
+    def _flush_soon(self, s: _Server) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        if s.flush is None or s.flush.done() or s.flush.get_loop() is not loop:
+            s.flush = loop.create_task(self._flush(s))
+        return asyncio.shield(s.flush)
+
+    async def _flush(self, s: _Server) -> None:
+        await asyncio.sleep(0)  # the closes of this turn join the batch
+        batch, s.closing = s.closing, []
+        if s.flush is asyncio.current_task():
+            s.flush = None
+        if not batch:
+            return
+        refs = [{"id": x.id, "token": x.token} for x in batch]
+        data = json.dumps({"sessions": refs}).encode()
         try:
-            await session.server.api.send(
-                "DELETE", f"/sessions/{session.id}", headers=session.headers, timeout_s=10.0
-            )
-        except Exception as e:  # the server's TTL closes it
-            logger.info("closing env session %s failed: %s", session.id, e)
+            status, _, content = await self._post(s, "/sessions/close", data, "", tries=2)
+            if status >= 400:
+                logger.info("closing %d env sessions on %s: %s", len(batch), s.url, content[:200])
+        except Exception as e:  # the server's TTL closes them
+            logger.info("closing %d env sessions on %s failed: %s", len(batch), s.url, e)
 
     def close_all_sync(self) -> None:
         """Close every open session (at interpreter exit; the servers' TTL is the backstop)."""
+        by_server: dict[int, tuple[_Server, list[RemoteSession]]] = {}
         for session in list(self.open_sessions.values()):
-            self.open_sessions.pop(session.id, None)
+            self.forget(session)
+        for s in self.servers:
+            batch, s.closing = s.closing, []
+            if batch:
+                by_server[id(s)] = (s, batch)
+        for s, batch in by_server.values():
             try:
-                httpx2.delete(
-                    f"{session.server.url}/sessions/{session.id}",
-                    headers={**bearer_headers(self.token), **session.headers},
+                httpx2.post(
+                    f"{s.url}/sessions/close",
+                    json={"sessions": [{"id": x.id, "token": x.token} for x in batch]},
+                    headers=bearer_headers(self.token),
                     timeout=2.0,
                 )
             except Exception:
                 continue
 
-    def _aiohttp(self) -> aiohttp.ClientSession:
+    async def aclose(self) -> None:
+        """Close the sessions queued for closing, then this event loop's connections."""
         loop = asyncio.get_running_loop()
-        c = self._hot.get(loop)
-        if c is None or c.closed:
-            timeout = aiohttp.ClientTimeout(total=None, sock_read=self.config.timeout_s)
-            c = self._hot[loop] = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0),
-                timeout=timeout,
-                headers={**bearer_headers(self.token), "Content-Type": "application/json"},
-                auto_decompress=False,
-            )
-        return c
+        flushes = [self._flush_soon(s) for s in self.servers if s.closing]
+        pending = [
+            s.flush
+            for s in self.servers
+            if s.flush is not None and not s.flush.done() and s.flush.get_loop() is loop
+        ]
+        await asyncio.gather(*flushes, *pending, return_exceptions=True)
+        for s in self.servers:
+            await s.conn.aclose()
 
     async def request(self, session: RemoteSession, what: str, body: JSON) -> Any:
         """POST ``/sessions/{id}/{what}``; the decoded frame, or the error it stands for.
 
-        On aiohttp, not httpx2: many steps in flight at once are the common case here, and
-        httpx2 spends 3-5x the CPU per request (agentrl/inference/transport.py measured it).
+        On ``ConnPool`` (a lean keep-alive HTTP/1.1 client): many steps in flight at once
+        are the common case here, and aiohttp spends about ten times its CPU per request.
         A transport failure is retried with the same request id (the server's replay cache
         answers a step that already ran), then ends the episode with ``EnvServerError``."""
         data = json.dumps({**body, "request_id": uuid.uuid4().hex}).encode()
         s, c = session.server, self.config
-        url = f"{s.url}/sessions/{session.id}/{what}"
-        last: Exception | None = None
-        for attempt in range(c.retries + 1):
-            if attempt:
-                await asyncio.sleep(c.retry_backoff_s * 2 ** (attempt - 1))
-            try:
-                async with self._aiohttp().post(url, data=data, headers=session.headers) as r:
-                    status, ctype, content = r.status, r.content_type, await r.read()
-                break
-            except (aiohttp.ClientError, TimeoutError) as e:
-                last = e
-        else:
+        try:
+            status, ctype, content = await self._post(
+                s, f"/sessions/{session.id}/{what}", data, session.head, tries=c.retries + 1
+            )
+        except TransportError as e:
             raise EnvServerError(
                 f"env server {s.url} died or stopped answering mid-episode ({what} of session "
-                f"{session.id}, {c.retries + 1} tries): {type(last).__name__}: {last}"
-            )
+                f"{session.id}, {c.retries + 1} tries): {e}"
+            ) from e
         if status >= 400:
             _raise_error(status, content, s.url)
-        return unpack(content) if ctype == MEDIA_TYPE else json.loads(content)
+        return unpack(content) if ctype == _FRAME else json.loads(content)
 
 
 _POOLS: dict[str, EnvServerPool] = {}
@@ -363,6 +406,14 @@ def pool_for(config: RemoteConfig) -> EnvServerPool:
 def _close_all() -> None:
     for pool in list(_POOLS.values()):
         pool.close_all_sync()
+
+
+async def close_pools() -> None:
+    """``aclose`` every pool of this process (their connections on this event loop)."""
+    with _POOLS_LOCK:
+        pools = list(_POOLS.values())
+    for pool in pools:
+        await pool.aclose()
 
 
 class RemoteEnvTools(ToolSet):
@@ -411,8 +462,21 @@ class RemoteEnv(Env):
 
     async def _request(self, what: str, body: JSON) -> Any:
         if self.session is None:
-            self.session = await self.pool.open(self.env_id, self.kwargs)
+            if what == "reset":  # open and reset in one request
+                self.session, out = await self.pool.open(self.env_id, self.kwargs, body)
+                return out
+            self.session, _ = await self.pool.open(self.env_id, self.kwargs)
         return await self.pool.request(self.session, what, body)
+
+    def __del__(self) -> None:
+        # dropped unclosed: the session goes with the server's next batched close (or the
+        # atexit close), not only after its TTL
+        session = getattr(self, "session", None)
+        if session is not None:
+            self.session = None
+            with contextlib.suppress(Exception):
+                if self.pool.forget(session):
+                    self.pool._flush_soon(session.server)
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

@@ -9,11 +9,14 @@
     GET    /envs                         the env ids served, with descriptions
     POST   /describe    {env_id, kwargs} {tools, nondeterministic, max_episode_steps}
     POST   /sessions    {env_id, kwargs, protocol} -> {session_id, session_token, tools, ...}
+    POST   /sessions    {..., reset: {seed, options}, request_id}
+                        -> frame {session_id, session_token, reset: <the reset answer>}
     GET    /sessions                     the open sessions (id, env id, steps, idle seconds)
     POST   /sessions/{id}/reset  {seed, options, request_id}        -> frame
     POST   /sessions/{id}/step   {action, request_id}               -> frame
     POST   /sessions/{id}/tools/call {name, arguments, id, request_id} -> frame (a ToolResult)
     DELETE /sessions/{id}                closes the session and its env
+    POST   /sessions/close {sessions: [{id, token}, ...]} -> {closed}  (many at once)
     GET    /metrics                      Prometheus text format
 
 How a step moves: ``HttpGuard`` (bearer token, the session's ``X-Session-Token``, the body
@@ -24,6 +27,15 @@ session; the session is busy, so never reaped, while it runs) -> the session's r
 under ``step_timeout_s`` -> the answer as a frame (``agentrl.envserver.wire``: JSON with
 images as raw bytes). Tool calls of an AgentLoop that runs the env's tools itself arrive on
 ``tools/call`` and run on ``env.tools`` here, with ``env`` injected, as they would locally.
+
+The hot routes (open, reset, step, tool calls, batched close) are served by ``_HotRoutes``, a
+raw ASGI app inside ``HttpGuard`` (so auth, session tokens and body caps are checked first, as
+for every route) and in front of FastAPI, whose per-request machinery (routing, dependency
+solving, exception middleware) cost more CPU than a step of most envs. A client opens a
+session and resets it in one request (``reset`` in the open body; a retried open with the
+same ``request_id`` gets the first answer, so a retry never leaks a session), and closes the
+sessions of many finished rollouts in one ``POST /sessions/close``: a rollout of N steps is
+N + 1 requests and a share of one.
 
 Failures: an exception from env code is 500 ``env_error`` (the client raises ``EnvError``,
 as the env would locally); ``SandboxError``/``RewardError``/``ToolError`` keep their kind
@@ -43,7 +55,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -60,15 +72,21 @@ from agentrl.errors import (
 from agentrl.http import (
     NO_DOCS,
     ApiError,
+    BodyTooLarge,
     HttpGuard,
     ReplayCache,
     TokenBucket,
+    error_body,
     install_error_handlers,
     json_response,
     parse_body,
+    tokens_equal,
 )
 from agentrl.http.sessions import Session, SessionManager
 from agentrl.types import JSON, Message, ToolCall
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 
@@ -81,16 +99,29 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class OpenRequest(_Body):
-    env_id: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    protocol: int = PROTOCOL_VERSION
-
-
 class ResetRequest(_Body):
     seed: int | None = None
     options: dict[str, Any] | None = None
     request_id: str = ""
+
+
+class OpenRequest(_Body):
+    env_id: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    protocol: int = PROTOCOL_VERSION
+    reset: ResetRequest | None = None
+    """Reset the new session in the same request (the answer is then a frame)."""
+    request_id: str = ""
+    """A retried open with the same id gets the first answer (no second session)."""
+
+
+class SessionRef(_Body):
+    id: str
+    token: str = ""
+
+
+class CloseRequest(_Body):
+    sessions: list[SessionRef]
 
 
 class StepRequest(_Body):
@@ -191,6 +222,7 @@ class EnvServer:
         )
         self.stats: defaultdict[str, _EnvStats] = defaultdict(_EnvStats)
         self._described: dict[str, JSON] = {}
+        self._opens: ReplayCache[bytes] = ReplayCache(1024)
 
     # --- envs ------------------------------------------------------------------------------
     def served(self) -> list[str]:
@@ -270,7 +302,10 @@ class EnvServer:
         request_id: str,
         what: str,
         fn: Callable[[EnvSession], Awaitable[JSON]],
-    ) -> Response:
+        wrap: Callable[[EnvSession, Any], Any] | None = None,
+    ) -> bytes:
+        """The frame answering ``what`` on the session (replayed for a seen ``request_id``);
+        ``wrap(session, answer)`` is what the frame carries, if given."""
         with self.sessions.use(session_id) as s:
             seen = s.cache.get(request_id)
             if seen is not None:
@@ -290,11 +325,54 @@ class EnvServer:
                         f"session {s.id} is over rate_per_s={self.config.rate_per_s:g}",
                     )
                 s.steps += 1
-                body = await s.cache.run(request_id, lambda: self._guarded(s, what, fn))
-        return Response(body, media_type=MEDIA_TYPE)
+                body = await s.cache.run(request_id, lambda: self._guarded(s, what, fn, wrap))
+        return body
+
+    async def open_and_reset(self, req: OpenRequest) -> bytes:
+        """``POST /sessions`` with ``reset``: a new session, reset; both in one frame.
+
+        A reset that fails closes the session again (the client has no id to close it with)."""
+        assert req.reset is not None
+        reset = req.reset
+
+        async def run() -> bytes:
+            s = await self.open_session(req)
+            try:
+                return await self._run(
+                    s.id,
+                    "",
+                    "reset",
+                    lambda s: self._reset(s, reset),
+                    lambda s, out: {"session_id": s.id, "session_token": s.token, "reset": out},
+                )
+            except BaseException:
+                await self.sessions.close_session(s.id)
+                raise
+
+        seen = self._opens.get(req.request_id)
+        if seen is not None:
+            return await asyncio.shield(seen)
+        return await self._opens.run(req.request_id, run)
+
+    async def close_many(self, req: CloseRequest) -> JSON:
+        """``POST /sessions/close``: each session whose token matches is closed."""
+        closed = refused = 0
+        for ref in req.sessions:
+            s = self.sessions.sessions.get(ref.id)
+            if s is None:
+                continue
+            if self.sessions.config.session_tokens and not tokens_equal(ref.token, s.token):
+                refused += 1
+                continue
+            closed += int(await self.sessions.close_session(ref.id))
+        return {"closed": closed, "wrong_token": refused}
 
     async def _guarded(
-        self, s: EnvSession, what: str, fn: Callable[[EnvSession], Awaitable[JSON]]
+        self,
+        s: EnvSession,
+        what: str,
+        fn: Callable[[EnvSession], Awaitable[JSON]],
+        wrap: Callable[[EnvSession, Any], Any] | None = None,
     ) -> bytes:
         st = self.stats[s.env_id]
         t0 = time.perf_counter()
@@ -314,7 +392,7 @@ class EnvServer:
             raise ApiError(500, _error_kind(e), f"{what}: {type(e).__name__}: {e}") from e
         finally:
             st.step_s_sum += time.perf_counter() - t0
-        return pack(json.loads(json.dumps(out, default=_jsonable)))
+        return pack(out if wrap is None else wrap(s, out), default=_jsonable)
 
     async def _reset(self, s: EnvSession, req: ResetRequest) -> JSON:
         self.stats[s.env_id].resets += 1
@@ -391,6 +469,7 @@ class EnvServer:
             lambda: {"ok": True, "envs": self.served(), "protocol": PROTOCOL_VERSION}
         )
         app.include_router(self._router())
+        app.add_middleware(_HotRoutes, server=self)  # inside the guard: it runs first
         guard = HttpGuard.Config(
             token=self.config.token,
             max_body_bytes=self.config.max_body_bytes,
@@ -415,21 +494,6 @@ class EnvServer:
             req = parse_body(OpenRequest, await request.body())
             return json_response(await self.describe(req.env_id, req.kwargs))
 
-        @r.post("/sessions")
-        async def open_session(request: Request) -> Response:
-            try:
-                req = parse_body(OpenRequest, await request.body())
-            except ConfigError as e:
-                raise ApiError(422, "bad_request", str(e)) from e
-            s = await self.open_session(req)
-            return json_response(
-                {
-                    "session_id": s.id,
-                    "session_token": s.token,
-                    **self._describe(s.env),
-                }
-            )
-
         @r.get("/sessions")
         async def list_sessions() -> JSON:
             now = time.monotonic()
@@ -445,25 +509,6 @@ class EnvServer:
         async def close_session(session_id: str) -> JSON:
             return {"closed": await self.sessions.close_session(session_id)}
 
-        @r.post("/sessions/{session_id}/reset")
-        async def reset(session_id: str, request: Request) -> Response:
-            req = self._parse(ResetRequest, await request.body())
-            return await self._run(
-                session_id, req.request_id, "reset", lambda s: self._reset(s, req)
-            )
-
-        @r.post("/sessions/{session_id}/step")
-        async def step(session_id: str, request: Request) -> Response:
-            req = self._parse(StepRequest, await request.body())
-            return await self._run(session_id, req.request_id, "step", lambda s: self._step(s, req))
-
-        @r.post("/sessions/{session_id}/tools/call")
-        async def tool_call(session_id: str, request: Request) -> Response:
-            req = self._parse(ToolCallRequest, await request.body())
-            return await self._run(
-                session_id, req.request_id, f"tool {req.name}", lambda s: self._tool_call(s, req)
-            )
-
         @r.get("/metrics")
         async def metrics() -> Response:
             return Response(self.metrics_text(), media_type="text/plain; version=0.0.4")
@@ -476,3 +521,158 @@ class EnvServer:
             return parse_body(model, body)
         except ConfigError as e:
             raise ApiError(422, "bad_request", str(e)) from e
+
+
+_FRAME = MEDIA_TYPE.encode()
+_JSON = b"application/json"
+
+
+class _HotRoutes:
+    """Raw ASGI: open (+ reset), reset, step, tool calls and batched close, without FastAPI.
+
+    Sits inside ``HttpGuard`` (bearer and session tokens, body caps are checked before it
+    runs); every other request goes on to the FastAPI app. Errors are the same JSON as
+    ``install_error_handlers`` writes."""
+
+    def __init__(self, app: ASGIApp, server: EnvServer) -> None:
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        parts = scope["path"].split("/")  # ["", "sessions", id, what...]
+        n = len(parts)
+        if n < 2 or parts[1] != "sessions":
+            await self.app(scope, receive, send)
+            return
+        srv = self.server
+        try:
+            if n == 2:
+                req = srv._parse(OpenRequest, await _read(receive))
+                if req.reset is not None:
+                    await _answer(send, 200, _FRAME, await srv.open_and_reset(req))
+                    return
+                s = await srv.open_session(req)
+                out = {"session_id": s.id, "session_token": s.token, **srv._describe(s.env)}
+                await _answer(send, 200, _JSON, _dumps(out))
+            elif n == 3 and parts[2] == "close":
+                close = srv._parse(CloseRequest, await _read(receive))
+                await _answer(send, 200, _JSON, _dumps(await srv.close_many(close)))
+            elif n == 4 and parts[3] in ("reset", "step"):
+                sid, body = parts[2], await _read(receive)
+                if parts[3] == "step":
+                    step = srv._parse(StepRequest, body)
+                    frame = await srv._run(
+                        sid, step.request_id, "step", lambda s: srv._step(s, step)
+                    )
+                else:
+                    reset = srv._parse(ResetRequest, body)
+                    frame = await srv._run(
+                        sid, reset.request_id, "reset", lambda s: srv._reset(s, reset)
+                    )
+                await _answer(send, 200, _FRAME, frame)
+            elif n == 5 and parts[3] == "tools" and parts[4] == "call":
+                call = srv._parse(ToolCallRequest, await _read(receive))
+                frame = await srv._run(
+                    parts[2],
+                    call.request_id,
+                    f"tool {call.name}",
+                    lambda s: srv._tool_call(s, call),
+                )
+                await _answer(send, 200, _FRAME, frame)
+            else:
+                await self.app(scope, receive, send)
+        except ApiError as e:
+            await _answer(send, e.status, _JSON, _dumps(error_body(e.type, e.message)))
+        except (BodyTooLarge, _Gone):
+            raise
+        except Exception as e:
+            logger.exception("unhandled error in a request")
+            body = _dumps(error_body("internal", f"{type(e).__name__}: {e}"))
+            await _answer(send, 500, _JSON, body)
+
+
+class _Gone(Exception):
+    """The client disconnected before its body arrived."""
+
+
+async def _read(receive: Receive) -> bytes:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise _Gone
+    body = message.get("body", b"")
+    if not message.get("more_body", False):
+        return bytes(body)
+    chunks = [body]
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Gone
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+async def _answer(send: Send, status: int, ctype: bytes, body: bytes) -> None:
+    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _CoalescingTransport:
+    """A transport whose writes in one event-loop turn leave in one ``send``.
+
+    uvicorn writes a response's head and its body separately: two syscalls and two packets
+    per answer, and on loopback the receiver's wakeup is paid inside each send. Buffered until
+    the end of the turn (or 64 KiB), an answer is one of each. Everything else is the
+    transport's own (``close`` and the like write what is buffered first)."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._t = transport
+        self._loop = loop
+        self._buf: list[bytes] = []
+        self._size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._buf:
+            self._loop.call_soon(self.flush)
+        self._buf.append(bytes(data))
+        self._size += len(data)
+        if self._size >= 1 << 16:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._buf:
+            data = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
+            self._buf, self._size = [], 0
+            if not self._t.is_closing():
+                self._t.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._t.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._t.write_eof()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._t, name)
+
+
+def http_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with ``_CoalescingTransport`` (``uvicorn.run(http=...)``)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+            assert isinstance(transport, asyncio.Transport)
+            super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    return CoalescingHttpToolsProtocol

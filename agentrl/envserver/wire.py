@@ -23,6 +23,7 @@ import binascii
 import json
 import re
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from agentrl.errors import EnvError
@@ -33,9 +34,26 @@ _DATA_URL = re.compile(r"data:([\w.+/-]+);base64,")
 _MIN_INLINE = 256  # shorter data URLs stay in the JSON (the framing would not pay)
 
 
-def pack(obj: Any) -> bytes:
-    """``obj`` (JSON values, ``bytes``, base64 data URLs) as one frame."""
+def pack(obj: Any, default: Callable[[Any], Any] | None = None) -> bytes:
+    """``obj`` (JSON values, ``bytes``, base64 data URLs) as one frame; ``default`` turns what
+    JSON cannot write into what it can (as ``json.dumps``'s)."""
     blobs: list[bytes] = []
+
+    def binary(v: Any) -> Any:
+        if isinstance(v, bytes | bytearray | memoryview):
+            blobs.append(bytes(v))
+            return {"$blob": len(blobs) - 1}
+        if default is None:
+            raise TypeError(f"Object of type {type(v).__name__} is not JSON serializable")
+        return default(v)
+
+    # Fast path (most frames): one C-encoder pass, raw bytes via the hook; only a frame that
+    # may hold a data URL is walked in Python.
+    body = json.dumps(obj, separators=(",", ":"), default=binary)
+    if '"data:' not in body:
+        fast = f'{{"$body":{body},"$blobs":{json.dumps([len(b) for b in blobs])}}}'.encode()
+        return b"".join([MAGIC, struct.pack(">I", len(fast)), fast, *blobs])
+    blobs.clear()
 
     def walk(v: Any) -> Any:
         if isinstance(v, dict):
@@ -59,7 +77,9 @@ def pack(obj: Any) -> bytes:
         return v
 
     header = walk(obj)
-    head = json.dumps({"$body": header, "$blobs": [len(b) for b in blobs]}, separators=(",", ":"))
+    head = json.dumps(
+        {"$body": header, "$blobs": [len(b) for b in blobs]}, separators=(",", ":"), default=default
+    )
     hb = head.encode()
     return b"".join([MAGIC, struct.pack(">I", len(hb)), hb, *blobs])
 
