@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from agentrl.env import Env, Info, Observation, StepResult
 from agentrl.errors import ConfigError, EnvError, SandboxError
-from agentrl.sandbox import Sandbox, make_sandbox
+from agentrl.sandbox import Sandbox, make_sandbox, new_name
 from agentrl.splits import DEFAULT_EVAL_FRACTION, split_of
 from agentrl.types import Message
 from envs.swe.grade import RepoEnv, grade
@@ -140,6 +140,7 @@ class SWEEnv(Env):
         sandbox_kind: str = "local",
         sandbox_options: dict[str, Any] | None = None,
         workspace_cache: str = "",
+        sandbox_prefix: str = "agentrl-swe-",
     ) -> None:
         if mode not in ("tools", "bash"):
             raise ConfigError(f"swe/Repo-v0: mode must be 'tools' or 'bash', got {mode!r}")
@@ -164,6 +165,7 @@ class SWEEnv(Env):
         self.sandbox_kind = sandbox_kind
         self.sandbox_options = dict(sandbox_options or {})
         self.workspace_cache = workspace_cache
+        self.sandbox_prefix = sandbox_prefix
         self.sandbox: Sandbox | None = None
         self.task: SWETask | None = None
         self._root = ""
@@ -212,7 +214,8 @@ class SWEEnv(Env):
         repo = self.repo_env(task)
         folder, self._root = await asyncio.to_thread(self.workspace, task, repo)
         config = self._sandbox_config(repo) | {"template_dir": folder}
-        self.sandbox = await make_sandbox(self.sandbox_kind, **config)
+        name = new_name(self.sandbox_prefix)
+        self.sandbox = await make_sandbox(self.sandbox_kind, name=name, **config)
         prompt = TOOLS_PROMPT if self.mode == "tools" else BASH_PROMPT
         obs = [
             Message(role="system", content=prompt),
@@ -343,6 +346,7 @@ class SWEEnv(Env):
             sandbox_options={k: v for k, v in self.sandbox_options.items() if k != "env"},
             timeout_s=self.grade_timeout_s,
             partial_credit=self.partial_credit,
+            name_prefix=self.sandbox_prefix + "grade-",
         )
         info = {
             "success": report.resolved,

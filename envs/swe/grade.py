@@ -43,7 +43,7 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from agentrl.errors import ConfigError, RewardError
-from agentrl.sandbox import Sandbox, make_sandbox
+from agentrl.sandbox import Sandbox, make_sandbox, new_name
 from envs.swe.task import SWETask, patch_files
 
 Outcome = Literal["passed", "failed", "error", "skipped", "missing"]
@@ -188,6 +188,7 @@ async def grade(
     timeout_s: float = 300.0,
     partial_credit: bool = False,
     check_gold_on_timeout: bool = True,
+    name_prefix: str = "agentrl-grade-",
 ) -> GradeReport:
     """Grade ``model_patch`` (a git diff against ``task.base_commit``); see the module doc."""
     test_files = frozenset(task.test_files)
@@ -195,7 +196,7 @@ async def grade(
     options = {**repo.sandbox_options(), **(sandbox_options or {})}
     if sandbox_kind != "local":
         options.pop("ro_paths", None)
-    async with await make_sandbox(sandbox_kind, **options) as sb:
+    async with await make_sandbox(sandbox_kind, name=new_name(name_prefix), **options) as sb:
         report = await _grade_in(sb, task, kept, repo.python, timeout_s, partial_credit)
     report = replace(report, dropped_files=tuple(dropped))
     if report.timed_out and check_gold_on_timeout:
@@ -207,6 +208,7 @@ async def grade(
             sandbox_options=sandbox_options,
             timeout_s=timeout_s,
             check_gold_on_timeout=False,
+            name_prefix=name_prefix,
         )
         if gold.timed_out:
             raise GradingError(

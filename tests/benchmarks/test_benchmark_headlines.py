@@ -86,3 +86,12 @@ def test_sandbox_hardening_headline_without_its_baseline_says_so() -> None:
         "local",
     )
     assert got["ratio"] is None and got["met"] is None and got["baseline"] == "not measured"
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local sandbox needs bubblewrap")
+def test_swe_headline_without_docker_says_what_was_not_measured() -> None:
+    """Two concurrent trajectories reset, run commands, fix the bug and are graded (the
+    script exits non-zero on an error or a leak); without docker there is no ratio."""
+    got = _headline("swe.py", "--n", "2", "--concurrency", "2", "--no-docker")
+    assert str(got["baseline"]).startswith("not measured") and got["ratio"] is None
+    assert got["met"] is None and isinstance(got["ours"], float) and got["ours"] > 0
