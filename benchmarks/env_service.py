@@ -1,11 +1,15 @@
 """The env service under load: remote envs against in-process ones, in one run.
 
     python benchmarks/env_service.py [--sessions 256] [--samples 128] [--reps 3] [--gen-ms 50]
+                                     [--servers 2]
 
-Two env servers (``agentrl envs serve games/GuessNumber-v0 games/GridWorld-v0``), each its
-own process on loopback. Three parts:
+``--servers`` env servers (``agentrl envs serve games/GuessNumber-v0 games/GridWorld-v0``),
+each its own process on loopback. On a 2-core machine every server process takes CPU from
+the client (the process that runs the collector, as the in-process baseline does alone), so
+``--servers 1`` is reported too. Besides samples/s, the CPU each process spent per sample
+(from ``/proc``) says where the time went. Three parts:
 
-1. ``--sessions`` concurrent remote sessions spread over both servers (reset, 4 steps,
+1. ``--sessions`` concurrent remote sessions spread over the servers (reset, 4 steps,
    close, all at once): errors, and the sessions left open on the servers afterwards
    (leaks; must be 0).
 2. End-to-end rollouts: ``RolloutCollector`` over ``--samples`` GuessNumber/GridWorld samples,
@@ -41,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentrl.chat import ChatTemplate  # noqa: E402
 from agentrl.env import make_env  # noqa: E402
+from agentrl.envserver.client import close_pools  # noqa: E402
 from agentrl.plugins import load_plugins  # noqa: E402
 from agentrl.rollout.collector import CollectorConfig, RolloutCollector  # noqa: E402
 from agentrl.rollout.testing import ScriptedGenerator  # noqa: E402
@@ -71,12 +76,19 @@ def start_server(port: int, max_sessions: int) -> subprocess.Popen[bytes]:
     raise RuntimeError(f"env server on port {port} did not start")
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has spent."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def open_sessions(urls: list[str]) -> int:
     return sum(len(httpx2.get(f"{u}/sessions").json()["sessions"]) for u in urls)
 
 
 async def concurrent_sessions(urls: list[str], n: int) -> dict[str, float]:
-    cap = {"max_sessions_per_server": (n + 1) // 2 + 8}
+    cap = {"max_sessions_per_server": -(-n // len(urls)) + 8}
 
     async def one(i: int) -> None:
         env = make_env(f"remote:{','.join(urls)}/{ENVS[i % 2]}", remote=cap)
@@ -97,6 +109,8 @@ async def concurrent_sessions(urls: list[str], n: int) -> dict[str, float]:
 
 
 async def rollouts(prefix: str, n: int, gen_ms: float, template: ChatTemplate) -> float:
+    """Samples/s of ``n`` rollouts, all at once (remote: every session fits on one server)."""
+
     async def respond(prompt: str, turn: int) -> str:
         if gen_ms:
             await asyncio.sleep(gen_ms / 1000)
@@ -107,7 +121,8 @@ async def rollouts(prefix: str, n: int, gen_ms: float, template: ChatTemplate) -
         ScriptedGenerator(template, respond),
         template,
     )
-    samples = [Sample(env_id=f"{prefix}{ENVS[i % 2]}", seed=i) for i in range(n)]
+    kw = {"remote": {"max_sessions_per_server": n}} if prefix else {}
+    samples = [Sample(env_id=f"{prefix}{ENVS[i % 2]}", seed=i, env_kwargs=kw) for i in range(n)]
     t0 = time.perf_counter()
     groups = await c.collect(iter(samples))
     dt = time.perf_counter() - t0
@@ -137,28 +152,38 @@ def pct(xs: list[float], q: float) -> float:
 async def main(args: argparse.Namespace) -> dict[str, object]:
     load_plugins()
     template = ChatTemplate(build_tokenizer())
-    ports = [free_port(), free_port()]
+    ports = [free_port() for _ in range(args.servers)]
     procs = [start_server(p, args.sessions) for p in ports]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
+    load0 = os.getloadavg()
     try:
-        print(f"load average {os.getloadavg()[0]:.1f}; servers {', '.join(urls)}")
+        print(f"load average {load0[0]:.1f}; servers {', '.join(urls)}")
         conc = await concurrent_sessions(urls, args.sessions)
         leaked = open_sessions(urls)
         print(
-            f"{conc['sessions']} concurrent remote sessions on 2 servers: {conc['errors']} errors, "
-            f"{leaked} left open, {conc['wall_s']:.2f} s"
+            f"{conc['sessions']} concurrent remote sessions on {len(urls)} servers: "
+            f"{conc['errors']} errors, {leaked} left open, {conc['wall_s']:.2f} s"
         )
         remote_prefix = f"remote:{','.join(urls)}/"
         await rollouts("", 16, args.gen_ms, template)  # warm-up
         await rollouts(remote_prefix, 16, args.gen_ms, template)
         local_rates, remote_rates = [], []
+        cpu = {"in_process": 0.0, "remote_client": 0.0, "remote_servers": 0.0}
         for rep in range(args.reps):
+            c0 = time.process_time()
             local_rates.append(await rollouts("", args.samples, args.gen_ms, template))
+            c1, s1 = time.process_time(), sum(cpu_s(p.pid) for p in procs)
             remote_rates.append(await rollouts(remote_prefix, args.samples, args.gen_ms, template))
+            c2, s2 = time.process_time(), sum(cpu_s(p.pid) for p in procs)
+            cpu["in_process"] += c1 - c0
+            cpu["remote_client"] += c2 - c1
+            cpu["remote_servers"] += s2 - s1
             print(
                 f"rep {rep}: in-process {local_rates[-1]:7.1f} samples/s | "
                 f"remote {remote_rates[-1]:7.1f} samples/s (gen {args.gen_ms:g} ms/turn)"
             )
+        cpu_ms = {k: round(1000 * v / (args.reps * args.samples), 2) for k, v in cpu.items()}
+        print(f"CPU ms per sample: {cpu_ms}")
         left = open_sessions(urls)
         print(f"sessions left open after the rollouts: {left}")
         leaked += left
@@ -170,7 +195,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         base, ours = statistics.median(local_rates), statistics.median(remote_rates)
         ratio = ours / base
         return {
-            "benchmark": "env_service rollout samples/s, remote (2 env servers) / in-process",
+            "benchmark": (
+                f"env_service rollout samples/s, remote ({len(urls)} env servers) / in-process"
+            ),
             "baseline": round(base, 2),
             "ours": round(ours, 2),
             "ratio": round(ratio, 3),
@@ -182,8 +209,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             "leaked_sessions": leaked,
             "added_step_ms_p50": round(added_p50, 3),
             "added_step_ms_p99": round(added_p99, 3),
+            "cpu_ms_per_sample": cpu_ms,
+            "load_avg_1m": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
+            "cores": os.cpu_count(),
         }
     finally:
+        await close_pools()
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
@@ -199,6 +230,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=128, help="rollouts per round")
     p.add_argument("--reps", type=int, default=3, help="rounds, alternating")
     p.add_argument("--gen-ms", type=float, default=50.0, help="generator latency per turn")
+    p.add_argument("--servers", type=int, default=2, help="env server processes")
     return p.parse_args(argv)
 
 

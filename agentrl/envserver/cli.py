@@ -74,4 +74,5 @@ def envs_serve(
         access_log=False,
         loop=SERVER_LOOP,
         http=http_protocol(),
+        proxy_headers=False,  # nothing here reads the client's address
     )

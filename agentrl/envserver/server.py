@@ -452,8 +452,9 @@ class EnvServer:
         return "\n".join(lines) + "\n"
 
     # --- HTTP ------------------------------------------------------------------------------
-    def app(self) -> FastAPI:
-        """The FastAPI app; its lifespan starts the reaper and closes every session."""
+    def app(self) -> ASGIApp:
+        """The ASGI app: ``HttpGuard`` -> the hot routes (``_HotRoutes``) -> FastAPI, whose
+        lifespan starts the reaper and closes every session."""
 
         @contextlib.asynccontextmanager
         async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -469,14 +470,13 @@ class EnvServer:
             lambda: {"ok": True, "envs": self.served(), "protocol": PROTOCOL_VERSION}
         )
         app.include_router(self._router())
-        app.add_middleware(_HotRoutes, server=self)  # inside the guard: it runs first
         guard = HttpGuard.Config(
             token=self.config.token,
             max_body_bytes=self.config.max_body_bytes,
             cap_hint="raise EnvServer.Config.max_body_bytes (--max-body-mb)",
         )
-        app.add_middleware(HttpGuard, config=guard, authorize=self.sessions.authorize)
-        return app
+        # the guard outermost, then the hot routes: no Starlette middleware on the hot path
+        return HttpGuard(_HotRoutes(app, self), config=guard, authorize=self.sessions.authorize)
 
     def _router(self) -> APIRouter:
         r = APIRouter()
