@@ -201,6 +201,11 @@ class Env(gym.Env[Observation, Message], metaclass=ABCMeta):
         """
         return None
 
+    async def ademonstration(self) -> list[Message] | None:
+        """``demonstration``, for oracles that must act to know what the env shows (e.g. run
+        commands in a sandbox to record their output); SFT calls this one. Override either."""
+        return self.demonstration()
+
 
 def _run_sync(coro: Coroutine[Any, Any, R]) -> R:
     try:
@@ -405,6 +410,9 @@ class EnvWrapper(Env):
 
     def demonstration(self) -> list[Message] | None:
         return self.env.demonstration()
+
+    async def ademonstration(self) -> list[Message] | None:
+        return await self.env.ademonstration()
 
     def task_key(self, observation: Observation, info: Info) -> str:
         return self.env.task_key(observation, info)

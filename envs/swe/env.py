@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -42,7 +43,7 @@ from agentrl.env import Env, Info, Observation, StepResult
 from agentrl.errors import ConfigError, EnvError, SandboxError
 from agentrl.sandbox import Sandbox, make_sandbox, new_name
 from agentrl.splits import DEFAULT_EVAL_FRACTION, split_of
-from agentrl.types import Message
+from agentrl.types import Message, ToolCall
 from envs.swe.grade import RepoEnv, grade
 from envs.swe.task import SWETask, load_tasks
 
@@ -312,17 +313,72 @@ class SWEEnv(Env):
         command = blocks[0].strip()
         if command == SUBMIT_COMMAND:
             return await self.finish()
-        r = await self.sandbox.exec(command, timeout_s=self.command_timeout_s)
+        return [await self._run_block(self.sandbox, command)], 0.0, False, False, {}
+
+    async def _run_block(self, sandbox: Sandbox, command: str) -> Message:
+        r = await sandbox.exec(command, timeout_s=self.command_timeout_s)
         text = f"<returncode>{r.exit_code}</returncode>\n<output>\n{r.output}</output>"
         if r.timed_out:
             text += f"\n(the command was killed after {self.command_timeout_s:g} s)"
-        return (
-            [Message(role="user", content=cut(text, self.max_output_chars))],
-            0.0,
-            False,
-            False,
-            {},
-        )
+        return Message(role="user", content=cut(text, self.max_output_chars))
+
+    # --- the oracle -------------------------------------------------------------------------
+    async def ademonstration(self) -> list[Message] | None:
+        """The gold fix, made the way the model should: run the tests that show the bug (those
+        of the failing tests' files that are in the workspace), apply the fix (the editor's
+        ``str_replace`` per hunk in tools mode, falling back to ``git apply`` where a hunk's
+        text is not unique; ``git apply`` in bash mode), then submit. The outputs are recorded
+        in a scratch sandbox of the same workspace, so the episode's own is untouched."""
+        if self.task is None:
+            return None
+        task, repo = self.task, self.repo_env(self.task)
+        folder, _ = await asyncio.to_thread(self.workspace, task, repo)
+        config = self._sandbox_config(repo) | {"template_dir": folder}
+        name = new_name(self.sandbox_prefix + "demo-")
+        async with await make_sandbox(self.sandbox_kind, name=name, **config) as sb:
+            files = sorted({t.split("::")[0] for t in task.fail_to_pass})
+            have = await sb.exec(
+                "ls -d " + " ".join(shlex.quote(f) for f in files) + " 2>/dev/null"
+            )
+            present = have.stdout.split()
+            run = f"python -m pytest -q -x {' '.join(shlex.quote(f) for f in present)}"
+            apply = f"git apply <<'AGENTRL_PATCH'\n{task.patch.rstrip()}\nAGENTRL_PATCH"
+            if self.mode == "bash":
+                return await self._bash_demo(sb, [run] if present else [], apply)
+            return await self._tools_demo(sb, [run] if present else [], task.patch)
+
+    async def _bash_demo(self, sb: Sandbox, probes: list[str], apply: str) -> list[Message]:
+        out: list[Message] = []
+        for cmd in [*probes, apply]:
+            out.append(Message(role="assistant", content=f"```bash\n{cmd}\n```"))
+            out.append(await self._run_block(sb, cmd))
+        out.append(Message(role="assistant", content=f"```bash\n{SUBMIT_COMMAND}\n```"))
+        return out
+
+    async def _tools_demo(self, sb: Sandbox, probes: list[str], patch: str) -> list[Message]:
+        assert self.tools is not None
+        calls = [ToolCall(name="bash", arguments={"command": c}) for c in probes]
+        for path, old, new in await _edits(sb, patch):
+            if old is None:  # not expressible as a unique replacement
+                args = {"command": f"git apply <<'AGENTRL_PATCH'\n{new.rstrip()}\nAGENTRL_PATCH"}
+                calls.append(ToolCall(name="bash", arguments=args))
+            else:
+                args = {"command": "str_replace", "path": f"{sb.workdir}/{path}"}
+                calls.append(
+                    ToolCall(
+                        name="str_replace_editor", arguments=args | {"old_str": old, "new_str": new}
+                    )
+                )
+        calls.append(ToolCall(name="submit", arguments={"answer": "Fixed; the tests pass."}))
+        out: list[Message] = []
+        for call in calls:
+            out.append(Message(role="assistant", content="", tool_calls=(call,)))
+            if call.name == "submit":
+                break  # the env grades here; the submit tool's own message is not shown
+            result = await self.tools.call(call, sandbox=sb, env=self)
+            msg = self.tools.to_message(call, result)
+            out.append(dataclasses.replace(msg, content=cut(msg.text, self.max_output_chars)))
+        return out
 
     async def diff(self) -> str:
         """The workspace's changes against the base commit, new files included."""
@@ -362,3 +418,34 @@ class SWEEnv(Env):
         if sb is not None:
             with contextlib.suppress(SandboxError):  # the backend's sweep removes what is left
                 await sb.close()
+
+
+async def _edits(sb: Sandbox, patch: str) -> list[tuple[str, str | None, str]]:
+    """A patch as editor replacements: (path, old text, new text) per hunk, or (path, None,
+    the file's section of the patch) where a hunk adds or deletes a file or its old text is
+    not unique in the file."""
+    from envs.swe.grade import split_patch
+
+    out: list[tuple[str, str | None, str]] = []
+    for paths, section in split_patch(patch):
+        path = paths[-1] if paths else ""
+        hunks = re.split(r"^@@[^\n]*@@[^\n]*\n", section, flags=re.MULTILINE)[1:]
+        if not hunks or "\nnew file mode" in section or "\ndeleted file mode" in section:
+            out.append((path, None, section))
+            continue
+        try:
+            text = (await sb.read_file(path)).decode()
+        except Exception:
+            out.append((path, None, section))
+            continue
+        pairs = []
+        for h in hunks:
+            lines = [ln for ln in h.splitlines(keepends=True) if not ln.startswith("\\")]
+            old = "".join(ln[1:] for ln in lines if ln[:1] in (" ", "-"))
+            new = "".join(ln[1:] for ln in lines if ln[:1] in (" ", "+"))
+            pairs.append((old, new))
+        if all(text.count(old) == 1 for old, _ in pairs):
+            out.extend((path, old, new) for old, new in pairs)
+        else:
+            out.append((path, None, section))
+    return out

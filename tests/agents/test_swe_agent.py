@@ -159,3 +159,32 @@ async def test_a_task_whose_base_commit_is_missing_is_masked_not_scored(
     traj = await run(chatml, [bash("submit")], sample)
     assert traj.status is RolloutStatus.ERROR_ENV and not traj.trainable
     assert "base_commit" in (traj.error or "")
+
+
+@pytest.mark.parametrize("mode", ["tools", "bash"])
+async def test_the_oracle_demonstration_solves_the_task_when_replayed(
+    swe_sample: Any, mode: str
+) -> None:
+    """SFT's demonstration: tests run, the gold fix applied (editor or git apply), submit;
+    recorded in a scratch sandbox, then replayed on the episode's own to reward 1."""
+    from agentrl.env import make_env
+
+    sample = swe_sample(mode=mode)
+    env = make_env(sample.env_id, **sample.env_kwargs)
+    try:
+        await env.areset(seed=0)
+        demo = await env.ademonstration()
+        assert demo is not None
+        actions = [m for m in demo if m.role == "assistant"]
+        assert "pytest" in str(actions[0].tool_calls or actions[0].text)
+        if mode == "tools":
+            assert actions[1].tool_calls[0].name == "str_replace_editor"
+            assert actions[-1].tool_calls[0].name == "submit"
+        assert "1 passed" in demo[1].text  # the probe ran (the failing tests are hidden here)
+        for i, action in enumerate(actions):
+            obs, reward, done, _, info = await env.astep(action)
+            if i + 1 < len(actions):
+                assert not done and [m.text[:40] for m in obs][:1] == [demo[2 * i + 1].text[:40]]
+        assert done and reward == 1.0, info["report"]
+    finally:
+        await env.aclose()
