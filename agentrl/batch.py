@@ -39,7 +39,7 @@ the object store); row metadata that is not a tensor lives in ``rows`` beside it
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -435,6 +435,15 @@ class TrainBatch:
             td, rows, pad_token_id=first.pad_token_id, pad_to_multiple_of=first.pad_to_multiple_of
         )
 
+    def add_fields(self, fields: BatchFields, names: Mapping[str, str] | None = None) -> None:
+        """Set ``fields`` (computed on these rows, e.g. by a scoring call) on the batch, each
+        under ``names.get(key, key)``; time fields are padded (0) or trimmed to ``seq_len``."""
+        if len(fields) != len(self):
+            raise ValueError(f"{fields!r} has {len(fields)} rows; the batch has {len(self)}")
+        names = names or {}
+        for key in fields:
+            self[names.get(key, key)] = fields.with_length(key, self.seq_len)
+
     def to(self, device: torch.device | str) -> TrainBatch:
         return TrainBatch(
             self.td.to(device),
@@ -458,3 +467,73 @@ class TrainBatch:
             batch_shape=(len(self), self.seq_len),
             flat_index=flat_index,
         )
+
+
+class BatchFields:
+    """Some fields of a TrainBatch's rows without the rest of the batch: what a scoring call
+    returns (``logprobs``, ``entropy``, ``values``), so only new tensors travel back to the driver.
+
+    Each field is (B,) or (B, T, ...) like a TrainBatch field (or (B, 1, ...), one value per
+    row). ``concat`` joins the per-rank parts in order, right-padding the time axis with 0 to
+    the longest part (each shard of a split is trimmed to its own longest row);
+    ``TrainBatch.add_fields`` sets them on the batch they were computed from.
+    """
+
+    __slots__ = ("tensors",)
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        rows = {int(t.shape[0]) for t in tensors.values() if t.dim()}
+        if len(rows) > 1 or any(t.dim() == 0 for t in tensors.values()):
+            shapes = {k: tuple(t.shape) for k, t in tensors.items()}
+            raise ValueError(f"BatchFields need (B, ...) tensors with one B; got {shapes}")
+        self.tensors = dict(tensors)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self.tensors:
+            raise KeyError(f"BatchFields has no field {key!r}; fields: {sorted(self.tensors)}")
+        return self.tensors[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors
+
+    def __len__(self) -> int:
+        return int(next(iter(self.tensors.values())).shape[0]) if self.tensors else 0
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def with_length(self, key: str, t: int) -> torch.Tensor:
+        """Field ``key`` with its time axis padded (0) or trimmed to ``t`` ((B,) and per-row
+        (B, 1, ...) fields as they are)."""
+        x = self[key]
+        if x.dim() < 2 or x.shape[1] in (t, 1):
+            return x
+        if x.shape[1] > t:
+            return x[:, :t]
+        return torch.cat([x, x.new_zeros((x.shape[0], t - x.shape[1], *x.shape[2:]))], dim=1)
+
+    @classmethod
+    def concat(cls, parts: Sequence[BatchFields]) -> BatchFields:
+        """The rows of every part, in order; time fields padded with 0 to the longest part."""
+        if not parts:
+            raise ConfigError("BatchFields.concat needs at least one part")
+        keys = parts[0].keys()
+        if any(p.keys() != keys for p in parts):
+            raise ConfigError(
+                f"BatchFields.concat needs parts with the same fields; got "
+                f"{sorted({tuple(p.keys()) for p in parts})}"
+            )
+        out = {}
+        for key in keys:
+            xs = [p[key] for p in parts]
+            t = max((x.shape[1] for x in xs if x.dim() >= 2), default=1)
+            xs = [p.with_length(key, t) for p in parts]
+            out[key] = _cat_time_field(xs, t) if t > 1 else torch.cat(xs)
+        return cls(out)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self.tensors.items())
+        return f"BatchFields({shapes})"

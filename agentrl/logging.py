@@ -50,6 +50,11 @@ REQUIRED_KEYS: tuple[str, ...] = (
     "timing/update_s",
     "timing/sync_s",
     "timing/step_s",
+    "throughput/gen_tokens_per_s",
+    "throughput/train_tokens_per_s",
+    "throughput/samples_per_s",
+    "driver/bytes_out",
+    "driver/bytes_in",
 )
 
 
@@ -72,7 +77,10 @@ def mean_metrics(items: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 
 class Timer:
-    """Wall-clock sections of a step: ``with timer.time("update"):`` -> ``timing/update_s``."""
+    """Wall-clock sections of a step: ``with timer.time("update"):`` -> ``timing/update_s``.
+
+    ``agentrl.metrics_schema.step_metrics`` turns them, with the step's counts, into the
+    timing and throughput keys every training loop reports."""
 
     def __init__(self) -> None:
         self._totals: dict[str, float] = {}

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -44,10 +44,12 @@ from agentrl.algos.filters import group_has_signal
 from agentrl.batch import TrainBatch
 from agentrl.chat import ChatTemplate
 from agentrl.config import to_dict, to_yaml
-from agentrl.distributed import ResourcePool, WorkerGroup
+from agentrl.distributed import ResourcePool, ShardCache, Worker, WorkerGroup
+from agentrl.distributed.traffic import TRAFFIC
 from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError, TrainingError
 from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress, read_jsonl
+from agentrl.metrics_schema import StepCounts, step_metrics
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.types import Trajectory, TrajectoryGroup
 from trainers.checkpoint import (
@@ -73,6 +75,7 @@ from trainers.updates import report_skipped_updates
 from trainers.workers import ActorWorker, CriticUpdate, CriticWorker, PolicyUpdate, RefWorker
 
 logger = logging.getLogger(__name__)
+W = TypeVar("W", bound=Worker)
 
 
 class Trainer:
@@ -91,6 +94,7 @@ class Trainer:
         self.failed_steps = 0  # consecutive steps whose rollouts all failed in the machinery
         self.kl_ctl = kl_controller(cfg.algo.kl)  # its value is checkpointed
         self._groups: list[WorkerGroup[Any]] = []
+        self._gen_tokens = 0  # tokens generated in this step's collect(), filtered groups too
         self._pool: ResourcePool | None = None
         self._owns_ray = False
         self.fleet: Fleet | None = None
@@ -156,6 +160,8 @@ class Trainer:
     def step(self) -> dict[str, float]:
         cfg, step = self.cfg, self.step_done + 1
         t_step = time.perf_counter()
+        TRAFFIC.take()  # what the step before left (checkpoint, eval) is not this step's
+        self._gen_tokens = 0
         with self.timer.time("generate"):
             groups, filter_metrics = self.collect()
         self._check_rollouts(groups, step)
@@ -177,9 +183,15 @@ class Trainer:
         with self.timer.time("sync"):
             self.sync_weights(self.version + 1)
         self.step_done = step  # the data cursor moved in collect()
-        metrics |= self.timer.pop()
         metrics |= self.fleet.metrics() if self.fleet is not None else {}
-        metrics["timing/step_s"] = time.perf_counter() - t_step
+        counts = StepCounts(
+            gen_tokens=self._gen_tokens,
+            train_tokens=batch.num_tokens * cfg.train.ppo_epochs,
+            samples=sum(len(g.trajectories) for g in groups),
+        )
+        step_s = time.perf_counter() - t_step
+        metrics |= step_metrics(self.timer.pop(), step_s=step_s, counts=counts)
+        metrics |= TRAFFIC.take()
         metrics["train/weight_version"] = float(self.version)
         metrics["train/data_cursor"] = float(self.cursor)
         assert self.metrics_log is not None
@@ -246,6 +258,7 @@ class Trainer:
             self.cursor += len(samples)
             assert self.fleet is not None
             groups = self.fleet.collect(self.collector, samples)
+            self._gen_tokens += sum(_generated_tokens(t) for g in groups for t in g.trajectories)
             if not self.cfg.algo.filter_groups:
                 return groups, {}
             keep = group_has_signal([g.rewards_G for g in groups])
@@ -277,14 +290,19 @@ class Trainer:
                 }
 
     def score(self, batch: TrainBatch) -> dict[str, float]:
-        """Old logprobs (recomputed by the actor), reference logprobs and critic values."""
+        """Old logprobs (recomputed by the actor), reference logprobs and critic values; the
+        batch is put in the object store once and each call returns only its new field."""
         cfg = self.cfg
         temp = cfg.rollout.temperature
-        batch["old_logprobs"] = self.actor.compute_logprobs(batch, temp)["logprobs"]
+        shards = ShardCache(batch)
+        lp = self.actor.call_sharded(ActorWorker.compute_logprobs, shards.on(self.actor), temp)
+        batch.add_fields(lp, {"logprobs": "old_logprobs"})
         if self.ref is not None:
-            batch["ref_logprobs"] = self.ref.compute_logprobs(batch, temp)["logprobs"]
+            ref = self.ref.call_sharded(RefWorker.compute_logprobs, shards.on(self.ref), temp)
+            batch.add_fields(ref, {"logprobs": "ref_logprobs"})
         if self.critic is not None:
-            batch["values"] = self.critic.compute_values(batch)["values"]
+            values = self.critic.call_sharded(CriticWorker.compute_values, shards.on(self.critic))
+            batch.add_fields(values)
         mask = batch.loss_mask
         diff = (batch["old_logprobs"] - batch.rollout_logprobs).abs()
         out = {
@@ -341,6 +359,7 @@ class Trainer:
         cfg = self.cfg
         out: dict[str, float] = {}
         num_mini = cfg.train.batch_size // (cfg.train.mini_batch_size or cfg.train.batch_size)
+        shards = ShardCache(batch)  # the scored batch, put once for the critic and the policy
         if self.critic is not None:
             spec_c = CriticUpdate(
                 value_clip=cfg.algo.value_clip,
@@ -348,7 +367,8 @@ class Trainer:
                 epochs=cfg.train.ppo_epochs,
                 num_mini_batches=num_mini,
             )
-            out |= mean_metrics(self.critic.update_critic(batch, spec_c))
+            on = shards.on(self.critic)
+            out |= mean_metrics(self.critic.call_sharded(CriticWorker.update_critic, on, spec_c))
         kl = cfg.algo.kl
         spec = PolicyUpdate(
             loss=cfg.algo.policy_loss,
@@ -362,7 +382,8 @@ class Trainer:
             temperature=cfg.rollout.temperature,
             is_weights=cfg.algo.rollout_is.enabled,
         )
-        out |= mean_metrics(self.actor.update_policy(batch, spec))
+        policy = self.actor.call_sharded(ActorWorker.update_policy, shards.on(self.actor), spec)
+        out |= mean_metrics(policy)
         return out
 
     def greedy_baselines(
@@ -403,7 +424,7 @@ class Trainer:
         default is ipc: shared memory on this machine; ``tensors`` goes over HTTP), tagged
         ``version``, checksum-verified."""
         assert self.fleet is not None
-        named = self.actor.named_weights()
+        named = self.actor.call(ActorWorker.named_weights)
         self.fleet.sync(named, version, verify=self.cfg.inference.verify_weights)
         self.version = version
 
@@ -423,10 +444,10 @@ class Trainer:
             seed=cfg.seed,
         )
         self.actor = self._group(ActorWorker, actor_cfg, "actor")
-        self.ref = None
+        self.ref: WorkerGroup[RefWorker] | None = None
         if cfg.algo.kl.coef:
             self.ref = self._group(RefWorker, replace(actor_cfg, role="ref"), "ref")
-        self.critic = None
+        self.critic: WorkerGroup[CriticWorker] | None = None
         if cfg.algo.adv_estimator == "gae":
             critic_cfg = replace(
                 cfg.critic,
@@ -437,7 +458,7 @@ class Trainer:
             )
             self.critic = self._group(CriticWorker, critic_cfg, "critic")
 
-    def _group(self, cls: type, engine_cfg: EngineConfig, name: str) -> WorkerGroup[Any]:
+    def _group(self, cls: type[W], engine_cfg: EngineConfig, name: str) -> WorkerGroup[W]:
         assert self._pool is not None
         share = 1.0 / (
             1 + int(self.cfg.algo.kl.coef != 0) + int(self.cfg.algo.adv_estimator == "gae")
@@ -447,17 +468,15 @@ class Trainer:
             "num_threads": threads_per_rank(self.cfg),
             "options": self.cfg.engine_options(engine_cfg.backend),
         }
-        group: WorkerGroup[Any] = WorkerGroup(
-            self._pool, cls, kwargs=kwargs, share=share, name=name
-        )
+        group = WorkerGroup(self._pool, cls, kwargs=kwargs, share=share, name=name)
         self._groups.append(group)
         return group
 
     def save_checkpoint(self) -> Path:
         tmp = self.ckpt.begin(self.step_done)
-        self.actor.save(str(tmp / "actor"))
+        self.actor.call(ActorWorker.save, str(tmp / "actor"))
         if self.critic is not None:
-            self.critic.save(str(tmp / "critic"))
+            self.critic.call(CriticWorker.save, str(tmp / "critic"))
         extra = {"policy_path": str(self.policy_path), "kl_coef": self.kl_ctl.value}
         state = TrainerState(
             step=self.step_done,
@@ -490,9 +509,9 @@ class Trainer:
 
     def _restore(self, state: TrainerState) -> None:
         path = self.ckpt.path_for(state.step)
-        self.actor.load(str(path / "actor"))
+        self.actor.call(ActorWorker.load, str(path / "actor"))
         if self.critic is not None:
-            self.critic.load(str(path / "critic"))
+            self.critic.call(CriticWorker.load, str(path / "critic"))
         self.step_done, self.cursor = state.step, state.data_cursor
         if self.cfg.algo.kl.controller == "adaptive" and "kl_coef" in state.extra:
             self.kl_ctl.value = float(state.extra["kl_coef"])  # a fixed coef is the config's
@@ -537,7 +556,7 @@ class Trainer:
         hf_dir = None
         if self.cfg.checkpoint.export_hf:
             hf_dir = self.run_dir / "hf"
-            self.actor.export_hf(str(hf_dir))
+            self.actor.call(ActorWorker.export_hf, str(hf_dir))
         return write_report(
             self.run_dir,
             before=before,

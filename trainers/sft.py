@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,8 @@ from agentrl.chat import ChatTemplate
 from agentrl.config import to_dict
 from agentrl.env import make_env
 from agentrl.errors import ConfigError, TokenizationError
-from agentrl.logging import MetricsLogger, mean_metrics, progress
+from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress
+from agentrl.metrics_schema import StepCounts, step_metrics
 from agentrl.rollout.ledger import TokenLedger
 from agentrl.splits import reset_sample
 from agentrl.types import JSON, Message, Sample, Segment, Trajectory, TrajectoryGroup
@@ -259,17 +261,23 @@ def run_sft(cfg: RunConfig, model: Path, out: Path, *, num_threads: int) -> dict
         run_config=to_dict(cfg),
     )
     last: list[dict[str, float]] = []
+    timer = Timer()
     try:
         batches = sft_batches(
             segments, s.batch_size, int(template.tokenizer.pad_token_id), seed=cfg.seed
         )
         with progress("SFT warm-up", s.steps) as advance:
             for step in range(1, s.steps + 1):
-                m = mean_metrics(group.sft_step(next(batches)))
-                log.log(m, step)
+                batch = next(batches)
+                t0 = time.perf_counter()
+                with timer.time("update"):
+                    m = mean_metrics(group.call(ActorWorker.sft_step, batch))
+                counts = StepCounts(train_tokens=batch.num_tokens, samples=len(batch))
+                step_s = time.perf_counter() - t0
+                log.log(m | step_metrics(timer.pop(), step_s=step_s, counts=counts), step)
                 last = [*last[-9:], m]
                 advance()
-        group.export_hf(str(out))
+        group.call(ActorWorker.export_hf, str(out))
     finally:
         log.close()
         group.shutdown()

@@ -1,9 +1,14 @@
 """Ray workers that hold one model role each: actor (policy), ref (frozen policy), critic.
 
-    driver --DP_SPLIT TrainBatch--> RefWorker.compute_logprobs   -> batch + "logprobs" (+ "entropy")
+    driver --DP_SPLIT TrainBatch--> RefWorker.compute_logprobs   -> BatchFields "logprobs" (+ "entropy")
+           --DP_SPLIT TrainBatch--> CriticWorker.compute_values  -> BatchFields "values"
            --DP_SPLIT TrainBatch--> ActorWorker.update_policy     -> per-rank metrics
            --RANK0--------------->  ActorWorker.named_weights     -> {HF name: tensor} for weight sync
            --ONE_TO_ALL---------->  save / load / export_hf       (every rank; the engine writes)
+
+Scoring calls return only the fields they compute (``BatchFields``), never the batch: the
+driver puts a step's batch in the object store once (``WorkerGroup.shard``), every scoring
+call reads those shards (``call_sharded``), and only the new (B, T) tensors come back.
 
 Each rank wraps one ``Engine`` (``trainers.engines``). Algorithms stay pure: the losses come
 from ``agentrl.algos`` registries and are built inside the worker from a small picklable
@@ -24,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.batch import TrainBatch
+from agentrl.batch import BatchFields, TrainBatch
 from agentrl.distributed import DataLayout, Dispatch, Worker, dispatch
 from agentrl.engine import Engine, EngineConfig
 from trainers.updates import (
@@ -109,15 +114,15 @@ class RefWorker(EngineWorker):
     @dispatch(Dispatch.DP_SPLIT)
     def compute_logprobs(
         self, batch: TrainBatch, temperature: float = 1.0, with_entropy: bool = False
-    ) -> TrainBatch:
-        """The shard with ``logprobs`` (B, T) (and ``entropy`` (B, T)) fields added."""
+    ) -> BatchFields:
+        """``logprobs`` (B, T) (and ``entropy`` (B, T)) of the shard's rows, nothing else."""
         logprobs, entropy = self.engine.compute_logprobs(
             batch, temperature, with_entropy=with_entropy
         )
-        batch["logprobs"] = logprobs
+        fields = {"logprobs": logprobs.detach().cpu()}
         if entropy is not None:
-            batch["entropy"] = entropy
-        return batch
+            fields["entropy"] = entropy.detach().cpu()
+        return BatchFields(fields)
 
 
 class ActorWorker(RefWorker):
@@ -160,9 +165,9 @@ class CriticWorker(EngineWorker):
     """The value model of PPO (``adv_estimator=gae``)."""
 
     @dispatch(Dispatch.DP_SPLIT)
-    def compute_values(self, batch: TrainBatch) -> TrainBatch:
-        batch["values"] = self.engine.compute_values(batch)
-        return batch
+    def compute_values(self, batch: TrainBatch) -> BatchFields:
+        """``values`` (B, T) of the shard's rows, nothing else."""
+        return BatchFields({"values": self.engine.compute_values(batch).detach().cpu()})
 
     @dispatch(Dispatch.DP_SPLIT)
     def update_critic(self, batch: TrainBatch, spec: CriticUpdate) -> list[Metrics]:

@@ -13,7 +13,7 @@ from agentrl.distributed.futures import GroupFuture, Sharded
 from agentrl.distributed.ray_utils import init_ray_local
 from agentrl.distributed.resources import PlacementStrategy, ResourcePool
 from agentrl.distributed.worker import DataLayout, HostInfo, Worker, WorkerContext
-from agentrl.distributed.worker_group import GroupMethod, WorkerGroup
+from agentrl.distributed.worker_group import GroupMethod, ShardCache, WorkerGroup
 
 __all__ = [
     "DataLayout",
@@ -24,6 +24,7 @@ __all__ = [
     "HostInfo",
     "PlacementStrategy",
     "ResourcePool",
+    "ShardCache",
     "Sharded",
     "Splittable",
     "Worker",

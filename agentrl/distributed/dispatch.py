@@ -48,7 +48,7 @@ from agentrl.errors import ConfigError, TrainingError
 
 P = ParamSpec("P")
 R = TypeVar("R")
-G = TypeVar("G")
+G_co = TypeVar("G_co", covariant=True)  # only ever produced, so a list[dict] fits a Sequence
 W_contra = TypeVar("W_contra", contravariant=True)
 W = TypeVar("W")
 
@@ -80,8 +80,8 @@ class DispatchSpec:
     mode: Dispatch
 
 
-class DispatchedMethod(Generic[W_contra, P, R, G]):
-    """A Worker method with a dispatch mode. ``G`` is what the driver gets from a group call."""
+class DispatchedMethod(Generic[W_contra, P, R, G_co]):
+    """A Worker method with a dispatch mode. ``G_co`` is what the driver gets from a group call."""
 
     def __init__(self, fn: Callable[Concatenate[W_contra, P], R], mode: Dispatch) -> None:
         self.fn = fn

@@ -25,6 +25,7 @@ from ray import ObjectRef
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from agentrl.distributed.dispatch import Dispatch, concat_results, is_splittable, split_value
+from agentrl.distributed.traffic import TRAFFIC
 from agentrl.errors import ConfigError, TrainingError, WorkerDiedError, WorkerTimeoutError
 
 T = TypeVar("T")
@@ -137,7 +138,9 @@ class GroupFuture(Generic[T]):
 
     def result(self, timeout_s: float | None = None) -> T:
         """Wait (at most ``timeout_s``, default the group's ``call_timeout_s``) and gather."""
-        return self._gather(wait_all(self.refs, self.site, timeout_s))
+        results = wait_all(self.refs, self.site, timeout_s)
+        TRAFFIC.received(self.site.method, results)
+        return self._gather(results)
 
     def done(self) -> bool:
         """True when every rank has finished (successfully or not)."""
@@ -176,11 +179,14 @@ class Sharded(Generic[T]):
                 f"Sharded.put needs a list or an object with split(n) and concat, got "
                 f"{type(value).__name__}."
             )
-        return cls([ray.put(part) for part in split_value(value, n, "Sharded.put")])
+        parts = split_value(value, n, "Sharded.put")
+        TRAFFIC.sent("Sharded.put", parts)
+        return cls([ray.put(part) for part in parts])
 
     def gather(self, timeout_s: float | None = None) -> T:
         """Fetch every shard and concatenate them in rank order."""
         parts = wait_all(self.refs, self.site, timeout_s)
+        TRAFFIC.received(self.site.method, parts)
         return concat_results(parts, self.site.where())  # type: ignore[return-value]
 
     def __len__(self) -> int:

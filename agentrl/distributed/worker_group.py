@@ -17,6 +17,8 @@
     logprobs = actor.compute_logprobs(batch)                      # dynamic, checked at run time
     logprobs = actor.call(ActorWorker.compute_logprobs, batch)    # statically typed
     future = actor.submit(ActorWorker.compute_logprobs, batch)    # returns at once
+    shards = actor.shard(batch)                                   # put once, read by many calls
+    logprobs = actor.call_sharded(ActorWorker.compute_logprobs, shards)
     actor.shutdown()
 
 Control and data travel apart: the driver splits a DP_SPLIT batch, ``ray.put``s each shard and
@@ -24,6 +26,9 @@ sends rank ``i`` only the ref of shard ``i``; Ray resolves it inside the worker,
 shard from the object store. Broadcast arguments are put once for all ranks. Results stay in the
 object store as one ref per rank until the driver asks: ``future.result()`` gathers them, and
 ``future.sharded()`` hands them, still as refs, to the next group's DP_SPLIT call.
+``wg.shard(value)`` puts a value's shards once for several DP_SPLIT calls
+(``call_sharded``), and ``agentrl.distributed.traffic`` counts the bytes the driver puts and
+gathers (``driver/bytes_out``, ``driver/bytes_in``).
 
 Why ``__getattr__`` plus ``call``, and no generated methods: a method set on the group at run
 time (verl's ``setattr``) is invisible to readers and tools. Here ``wg.name`` is resolved on
@@ -47,7 +52,7 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
 from ray import ObjectRef
@@ -65,6 +70,7 @@ from agentrl.distributed.dispatch import (
 )
 from agentrl.distributed.futures import CallSite, GroupFuture, Sharded, wait_all
 from agentrl.distributed.resources import ResourcePool
+from agentrl.distributed.traffic import TRAFFIC
 from agentrl.distributed.worker import (
     CONTROL_GROUP,
     DataLayout,
@@ -80,6 +86,7 @@ logger = logging.getLogger(__name__)
 W = TypeVar("W", bound=Worker)
 P = ParamSpec("P")
 G = TypeVar("G")
+T = TypeVar("T")
 
 _SCALARS = (type(None), bool, int, float, str)
 
@@ -220,6 +227,47 @@ class WorkerGroup(Generic[W]):
             )
         return self._submit(spec, args, kwargs)  # type: ignore[return-value]
 
+    def shard(self, value: T) -> Sharded[T]:
+        """Split ``value`` for this group's data-parallel ranks and ``ray.put`` each shard once.
+
+        Several DP_SPLIT calls (on this group, or on any group of the same ``dp_size``) can then
+        read the same shards through ``call_sharded`` / ``submit_sharded``: the driver ships
+        the value once instead of once per call.
+        """
+        return Sharded.put(value, self.dp_size)
+
+    def call_sharded(
+        self,
+        method: DispatchedMethod[W, Concatenate[T, P], Any, G],
+        data: Sharded[T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> G:
+        """``call`` with the method's first argument given as shards already in the object
+        store (``shard`` or ``future.sharded()``); statically checked like ``call``."""
+        return self.submit_sharded(method, data, *args, **kwargs).result()
+
+    def submit_sharded(
+        self,
+        method: DispatchedMethod[W, Concatenate[T, P], Any, G],
+        data: Sharded[T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> GroupFuture[G]:
+        """Like ``call_sharded``, but return at once with a future."""
+        if not isinstance(data, Sharded):
+            raise ConfigError(
+                f"{self.name}: submit_sharded() takes a Sharded value (WorkerGroup.shard or "
+                f"future.sharded()), got {type(data).__name__}; use submit() for a plain value."
+            )
+        if isinstance(method, DispatchedMethod) and method.spec.mode is not Dispatch.DP_SPLIT:
+            raise ConfigError(
+                f"{method!r} is {method.spec.mode.name}; only DP_SPLIT methods take shards."
+            )
+        return self.submit(method, data, *args, **kwargs)  # type: ignore[arg-type]
+
     def __getattr__(self, name: str) -> GroupMethod:
         if name.startswith("_"):
             raise AttributeError(name)
@@ -232,7 +280,7 @@ class WorkerGroup(Generic[W]):
         self, spec: DispatchSpec, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> GroupFuture[object]:
         site = self._site(spec.name, self.config.call_timeout_s)
-        routed = _route(spec.mode, args, kwargs, self.layouts, site.where())
+        routed = _route(spec.mode, args, kwargs, self.layouts, site.where(), spec.name)
         refs: list[ObjectRef] = []
         for rank, (handle, (a, k)) in enumerate(zip(self._live_handles(), routed, strict=True)):
             keep = spec.mode is not Dispatch.RANK0 or rank == 0
@@ -279,6 +327,12 @@ class WorkerGroup(Generic[W]):
         return self.pool.world_size
 
     @property
+    def dp_size(self) -> int:
+        """How many shards a DP_SPLIT call cuts its data into (ranks of one model-parallel
+        group share a shard)."""
+        return self.layouts[0].dp_size if self.layouts else self.world_size
+
+    @property
     def handles(self) -> list[ActorHandle]:
         """The Ray actor handle of each rank (for advanced use; prefer group calls)."""
         return list(self._handles)
@@ -309,6 +363,22 @@ class WorkerGroup(Generic[W]):
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, {self.worker_cls.__name__} x {self.world_size})"
+
+
+class ShardCache(Generic[T]):
+    """One value's shards in the object store, put once per data-parallel size and read by
+    every group of that size: ``cache.on(actor)``, ``cache.on(ref)`` ship the value once when
+    both groups cut it into as many shards."""
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+        self._by_size: dict[int, Sharded[T]] = {}
+
+    def on(self, group: WorkerGroup[Any]) -> Sharded[T]:
+        """The shards for ``group`` (``group.shard(value)`` the first time for its size)."""
+        if group.dp_size not in self._by_size:
+            self._by_size[group.dp_size] = group.shard(self.value)
+        return self._by_size[group.dp_size]
 
 
 class GroupMethod:
@@ -364,11 +434,13 @@ def _route(
     kwargs: dict[str, object],
     layouts: list[DataLayout],
     where: str,
+    method: str = "",
 ) -> list[tuple[list[object], dict[str, object]]]:
     """One (args, kwargs) per rank; shards and broadcast values go as object refs.
 
     A DP_SPLIT argument is cut into ``dp_size`` shards; rank r gets shard ``dp_rank`` (ranks of
-    one model-parallel group get the same shard).
+    one model-parallel group get the same shard). What is put counts as the driver's
+    ``bytes_out`` (``agentrl.distributed.traffic``) under ``method``.
     """
     n = len(layouts)
     dp_size = layouts[0].dp_size if layouts else n
@@ -389,10 +461,12 @@ def _route(
                 )
             columns.append([value.refs[owner[r]] for r in range(n)])
         elif mode is Dispatch.DP_SPLIT and is_splittable(value):
-            shards = [ray.put(part) for part in split_value(value, dp_size, at)]
+            parts = split_value(value, dp_size, at)
+            TRAFFIC.sent(method, parts)
+            shards = [ray.put(part) for part in parts]
             columns.append([shards[owner[r]] for r in range(n)])
         else:
-            columns.append([_broadcast(value)] * n)
+            columns.append([_broadcast(value, method)] * n)
     if mode is Dispatch.DP_SPLIT and not any(
         isinstance(v, Sharded) or is_splittable(v) for v in values
     ):
@@ -407,10 +481,11 @@ def _route(
     return routed
 
 
-def _broadcast(value: object) -> object:
+def _broadcast(value: object, method: str = "") -> object:
     """Scalars travel inline; anything else is put in the object store once for all ranks."""
     if isinstance(value, (*_SCALARS, ObjectRef)):
         return value
+    TRAFFIC.sent(method, value)
     return ray.put(value)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import ray
 
+from agentrl.batch import BatchFields, TrainBatch
 from agentrl.distributed import DataLayout, Dispatch, Worker, dispatch
 
 
@@ -161,3 +162,15 @@ class ModelParallelWorker(Worker):
     @dispatch(Dispatch.DP_SPLIT)
     def doubled(self, chunk: Chunk) -> Chunk:
         return Chunk([2 * v for v in chunk.values])
+
+
+class RowScoreWorker(Worker):
+    """Scores TrainBatch rows like a model would: one new (B, T) field back, not the batch."""
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def token_scores(self, batch: TrainBatch, scale: float = 1.0) -> BatchFields:
+        return BatchFields({"scores": batch.input_ids.float() * scale})
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def echo(self, batch: TrainBatch) -> TrainBatch:
+        return batch

@@ -42,7 +42,15 @@ SMOKE = [
 ]
 
 # Keys that differ between two runs of the same step for reasons that are not the model's.
-_NOISY = ("timing/", "rollout/llm_time", "rollout/env_time", "rollout/wall_time")
+_NOISY = (
+    "timing/",
+    "rollout/llm_time",
+    "rollout/env_time",
+    "rollout/wall_time",
+    "throughput/gen_tokens_per_s",
+    "throughput/train_tokens_per_s",
+    "throughput/samples_per_s",
+)
 
 
 def deterministic(row: dict[str, float]) -> dict[str, float]:
