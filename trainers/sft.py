@@ -95,7 +95,7 @@ async def _demonstration(sample: Sample) -> Conversation | None:
     env = make_env(sample.env_id, **sample.env_kwargs)
     try:
         obs, _ = await reset_sample(env, sample)  # a train-split task, as in RL
-        demo = env.demonstration()
+        demo = await env.ademonstration()
         if demo is None:
             return None
         tools = env.tools.schemas() if env.tools is not None and len(env.tools) else None

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.chat import ChatTemplate
+from agentrl.env import ENVS, Env, register_env
 from agentrl.errors import ConfigError
 from agentrl.tiny import make_tiny_model
 from agentrl.types import Message
@@ -50,6 +52,31 @@ def test_demonstrations_follow_the_train_seeds(template: ChatTemplate) -> None:
     a, b = demonstrations(data, 3), demonstrations(data, 3)
     assert [c.messages for c in a] == [c.messages for c in b]
     assert len({c.messages[-1].content for c in a}) > 1
+
+
+class _ActingOracle(Env):
+    """An env whose oracle must act first: only ``ademonstration`` knows the answer."""
+
+    async def areset(self, *, seed=None, options=None):  # type: ignore[no-untyped-def]
+        await super().areset(seed=seed)
+        self.secret = int(self.np_random.integers(1000))
+        return [Message(role="user", content=f"task {seed}")], {}
+
+    async def astep(self, action):  # type: ignore[no-untyped-def]
+        return [], float(action.text == str(self.secret)), True, False, {}
+
+    async def ademonstration(self) -> list[Message] | None:
+        await asyncio.sleep(0)  # e.g. ran commands in a sandbox to learn the answer
+        return [Message(role="assistant", content=str(self.secret))]
+
+
+def test_demonstrations_come_from_the_async_oracle() -> None:
+    if "test-sft/Acting-v0" not in ENVS:
+        register_env("test-sft/Acting-v0", _ActingOracle)
+    data = DataConfig(envs=[EnvEntry(id="test-sft/Acting-v0")])
+    convs = demonstrations(data, 3)
+    assert len(convs) == 3 and all(c.messages[-1].role == "assistant" for c in convs)
+    assert all(c.messages[-1].text.isdigit() for c in convs)
 
 
 def test_conversation_without_assistant_turn_is_rejected(template: ChatTemplate) -> None:
