@@ -9,7 +9,6 @@ import json
 
 import httpx2
 import pytest
-from conftest import png, serve
 
 from agentrl.agent import status_for
 from agentrl.env import ENVS, make_env
@@ -21,6 +20,7 @@ from agentrl.http import SESSION_HEADER
 from agentrl.rollout.collector import CollectorConfig, RolloutCollector
 from agentrl.rollout.testing import ScriptedGenerator
 from agentrl.types import Message, RolloutStatus, Sample
+from tests.envserver.support import png, serve
 
 BUILTIN = sorted(s.id for s in ENVS if not s.id.startswith("test-"))
 ACTIONS = ["8", "up", "The answer is 4", "12", "right", "down", "3", "done", "left", "16"]
