@@ -16,3 +16,4 @@ from agentrl.plugins import register_command
 register_command("train", "trainers.cli:train_cmd")
 register_command("sft", "trainers.cli:sft_cmd")
 register_command("eval", "trainers.cli:eval_cmd")
+register_command("swe", "envs.swe.cli:swe_app")

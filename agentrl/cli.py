@@ -93,7 +93,11 @@ def _register_commands() -> None:
     # the kernel never names): lazy "module:attr" strings, like registry entries.
     load_plugins()
     for name, spec in sorted(COMMANDS.items()):
-        app.command(name)(load_entry_point(spec))
+        obj = load_entry_point(spec)
+        if isinstance(obj, typer.Typer):  # a command group: `agentrl <name> <sub> ...`
+            app.add_typer(obj, name=name)
+        else:
+            app.command(name)(obj)
 
 
 _register_commands()

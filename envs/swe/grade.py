@@ -5,8 +5,9 @@
 
 What happens (each step in a sandbox that never saw the agent):
 
-1. The prepared repo (a git work tree at ``task.base_commit``) is copied into a new sandbox; a
-   HEAD other than the base commit is a broken task (``GradingError``, masked from the loss).
+1. The prepared repo (a git work tree) is copied into a new sandbox and checked out at
+   ``task.base_commit`` (one repo can hold every task's base commit); a base commit the repo
+   does not have is a broken task (``GradingError``, masked from the loss).
 2. The model's patch loses every file a test run would trust: test files (the hidden test
    patch's files, ``test_*.py``, ``*_test.py``, ``tests/`` folders), ``conftest.py``, pytest and
    tool configuration (``pytest.ini``, ``tox.ini``, ``setup.cfg``, ``pyproject.toml``) and
@@ -235,6 +236,7 @@ async def _grade_in(
     prep = await sb.exec(
         f"{python} -c 'import pytest' || exit {_EXIT_NO_PYTEST}; "
         f'[ "$({git} rev-parse HEAD)" = {task.base_commit} ] || '
+        f"{{ {git} checkout -q --force {task.base_commit} && {git} clean -qfdx; }} 2>/dev/null || "
         f"{{ {git} rev-parse HEAD; exit {_EXIT_NOT_BASE}; }}; "
         f"if [ -s {work}/model.diff ]; then {apply} {work}/model.diff || exit {_EXIT_MODEL_PATCH}; fi; "
         f"if [ -s {work}/test.diff ]; then {apply} {work}/test.diff || exit {_EXIT_TEST_PATCH}; fi",
