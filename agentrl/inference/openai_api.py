@@ -15,8 +15,6 @@ are passed to the template. ``stream`` and ``echo`` are refused with a 400. With
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -26,14 +24,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import ConfigError
 from agentrl.http import json_response, parse_body
+from agentrl.inference.openai_chat import (
+    OpenAIError,
+    chat_completion,
+    choice,
+    logprobs_json,
+    models_list,
+    parse_chat_request,
+    reply_message,
+    request_messages,
+    usage,
+)
 from agentrl.inference.responses import error_response
 from agentrl.inference.runner import RunnerResult
 from agentrl.inference.wire import WireSamplingParams
+from agentrl.tool_parsers import get_tool_parser
 
 if TYPE_CHECKING:
     from agentrl.inference.server import ServerState
-
-TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 class _Common(BaseModel):
@@ -59,44 +67,9 @@ class CompletionRequest(_Common):
     echo: bool = False
 
 
-class ChatRequest(_Common):
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
-    logprobs: bool = False
-    top_logprobs: int = 0
-    chat_template_kwargs: dict[str, Any] | None = None
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split Hermes-style ``<tool_call>{"name", "arguments"}</tool_call>`` blocks out of text.
-    A block that is not valid JSON stays in the content (the agent sees what the model wrote)."""
-    calls: list[dict[str, Any]] = []
-
-    def take(m: re.Match[str]) -> str:
-        try:
-            obj = json.loads(m.group(1))
-            name, args = obj["name"], obj.get("arguments", {})
-        except (ValueError, KeyError, TypeError):
-            return m.group(0)
-        arguments = args if isinstance(args, str) else json.dumps(args)
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": name, "arguments": arguments},
-            }
-        )
-        return ""
-
-    content = TOOL_CALL_RE.sub(take, text).strip()
-    return (content or None) if calls else text, calls
-
-
 def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     tok = state.tokenizer
+    parser = get_tool_parser("hermes")
 
     async def run_n(req: _Common, ids: list[int], max_tokens: int, top: int) -> list[RunnerResult]:
         if req.stream:
@@ -131,26 +104,18 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             text = text[: text.index(matched)]
         return text, str(res.finish_reason["type"])
 
-    def usage(prompt: int, results: list[RunnerResult]) -> dict[str, int]:
+    def usage_n(prompt: int, results: list[RunnerResult]) -> dict[str, int]:
         done = sum(len(r.output_ids) for r in results)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
     @app.get("/v1/models")
     async def models() -> Response:
         return json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": state.model_name,
-                        "object": "model",
-                        "created": 0,
-                        "owned_by": "agentrl",
-                        "root": state.engine.cfg.model,
-                        "max_model_len": state.engine.max_context,
-                    }
-                ],
-            }
+            models_list(
+                state.model_name,
+                root=state.engine.cfg.model,
+                max_model_len=state.engine.max_context,
+            )
         )
 
     @app.post("/v1/completions")
@@ -203,14 +168,21 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                 "created": int(time.time()),
                 "model": state.model_name,
                 "choices": choices,
-                "usage": usage(len(ids), results),
+                "usage": usage_n(len(ids), results),
             }
         )
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         try:
-            req = parse_body(ChatRequest, await request.body())
+            req = parse_chat_request(await request.body())
+            request_messages(req)  # validates roles and tool calls
+            if req.stream:
+                raise OpenAIError(
+                    "stream=true is not supported by the embedded server's "
+                    "/v1/chat/completions; send stream=false (the recording gateway streams).",
+                    param="stream",
+                )
             tools: Any = None if req.tool_choice == "none" else req.tools
             try:
                 rendered = tok.apply_chat_template(
@@ -221,62 +193,50 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                     **(req.chat_template_kwargs or {}),
                 )
             except Exception as exc:
-                raise ConfigError(
-                    f"the chat template could not render these messages: {exc}"
+                raise OpenAIError(
+                    f"the chat template could not render these messages: {exc}",
+                    param="messages",
                 ) from exc
             ids = tok.encode(rendered, add_special_tokens=False)
-            limit = req.max_completion_tokens or req.max_tokens
+            limit = req.limit
             if limit is None:
                 limit = max(1, state.engine.max_context - len(ids) - 1)
             top = req.top_logprobs if req.logprobs else 0
-            results = await run_n(req, ids, limit, top)
-        except ConfigError as exc:
-            return error_response(str(exc))
-        except RuntimeError as exc:
-            return error_response(f"engine failed: {exc}", 500)
-        choices = [
-            _chat_choice(i, res, *text_of(res, req.skip_special_tokens), req, ids, tok)
-            for i, res in enumerate(results)
-        ]
-        return json_response(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": state.model_name,
-                "choices": choices,
-                "usage": usage(len(ids), results),
-            }
+            sp = WireSamplingParams(
+                max_new_tokens=limit,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=req.top_k,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos,
+                seed=req.seed,
+            )
+            try:
+                state.check_prompt(ids)
+                params = state.request_params(sp, top)
+            except ConfigError as exc:
+                raise OpenAIError(str(exc)) from exc
+            res = await state.run(uuid.uuid4().hex, ids, params)
+            if res.error:
+                raise OpenAIError(f"engine failed: {res.error}", status=500, type="server_error")
+        except OpenAIError as exc:
+            return json_response(exc.body(), status=exc.status)
+        text, reason = text_of(res, req.skip_special_tokens)
+        message, _errors = reply_message(text, reason, parser, bool(tools))
+        extra = (
+            {"prompt_token_ids": ids, "token_ids": res.output_ids} if req.return_token_ids else {}
         )
-
-
-def _chat_choice(
-    i: int, res: RunnerResult, text: str, reason: str, req: ChatRequest, ids: list[int], tok: Any
-) -> dict[str, Any]:
-    content, calls = parse_tool_calls(text) if req.tools else (text, [])
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = calls
-        if reason == "stop":
-            reason = "tool_calls"
-    choice: dict[str, Any] = {
-        "index": i,
-        "message": message,
-        "finish_reason": reason,
-        "logprobs": None,
-    }
-    if req.logprobs:
-        tops = res.top_logprobs or [[] for _ in res.output_ids]
-        choice["logprobs"] = {
-            "content": [
-                {
-                    "token": tok.decode([t]),
-                    "logprob": lp,
-                    "top_logprobs": [{"token": tok.decode([a]), "logprob": alp} for alp, a in row],
-                }
-                for t, lp, row in zip(res.output_ids, res.output_logprobs, tops, strict=True)
-            ]
-        }
-    if req.return_token_ids:
-        choice.update(prompt_token_ids=ids, token_ids=res.output_ids)
-    return choice
+        lp = (
+            logprobs_json(
+                lambda t: str(tok.decode(t)), res.output_ids, res.output_logprobs, res.top_logprobs
+            )
+            if req.logprobs
+            else None
+        )
+        body = chat_completion(
+            state.model_name,
+            [choice(0, message, reason, logprobs=lp, **extra)],
+            usage(len(ids), len(res.output_ids)),
+        )
+        return json_response(body)

@@ -10,6 +10,7 @@ module holds the in-process types the rest of agentrl codes against, so nothing 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -58,3 +59,20 @@ class Generator(Protocol):
         *,
         session_id: str | None = None,
     ) -> Completion: ...
+
+
+@runtime_checkable
+class StreamingGenerator(Protocol):
+    """A Generator that can also hand out tokens as they are sampled (the gateway streams them).
+
+    ``generate_stream`` yields lists of new token ids as they arrive, then exactly one
+    ``Completion`` (the whole completion, as ``generate`` returns it) last.
+    """
+
+    def generate_stream(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+    ) -> AsyncIterator[list[int] | Completion]: ...

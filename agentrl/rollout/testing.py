@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +92,15 @@ class ScriptedGenerator(_Scripted):
     per token id; ``weight_version`` is settable. ``calls`` counts requests.
     """
 
-    def __init__(self, template: ChatTemplate, responses: Sequence[str] | Respond) -> None:
+    def __init__(
+        self,
+        template: ChatTemplate,
+        responses: Sequence[str] | Respond,
+        *,
+        token_delay_s: float = 0.0,
+    ) -> None:
         super().__init__(template, responses)
+        self.token_delay_s = token_delay_s
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
@@ -107,6 +114,16 @@ class ScriptedGenerator(_Scripted):
             weight_version=self.weight_version,
             prompt_tokens=len(input_ids),
         )
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> AsyncIterator[list[int] | Completion]:
+        """The same completion, one token at a time, ``token_delay_s`` apart (a slow server)."""
+        c = await self.generate(input_ids, sampling, session_id=session_id)
+        for t in c.output_ids:
+            await asyncio.sleep(self.token_delay_s)
+            yield [t]
+        yield c
 
 
 class TorchGenerator(_Scripted):

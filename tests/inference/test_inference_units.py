@@ -11,7 +11,7 @@ import torch
 from agentrl.errors import ConfigError, InferenceError
 from agentrl.inference.cli import serve
 from agentrl.inference.launch import ServerProcess
-from agentrl.inference.openai_api import parse_tool_calls
+from agentrl.inference.openai_chat import message_json, reply_message
 from agentrl.inference.sampling import RowSampling, sample_rows
 from agentrl.inference.weights import (
     apply_named_tensors,
@@ -22,6 +22,7 @@ from agentrl.inference.weights import (
     validate_named_tensors,
 )
 from agentrl.inference.wire import WireSamplingParams, parse_weight_version
+from agentrl.tool_parsers import get_tool_parser
 
 
 def gen(seed: int) -> torch.Generator:
@@ -132,14 +133,17 @@ def test_wire_helpers() -> None:
     assert sp.unsupported() == ["frequency_penalty"] and sp.stop_strings() == ("x",)
 
 
-def test_parse_tool_calls_hermes() -> None:
+def test_chat_replies_split_tool_calls_with_the_shared_parser() -> None:
     text = 'Let me compute.<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>'
-    content, calls = parse_tool_calls(text)
-    assert content == "Let me compute."
-    assert calls[0]["function"]["name"] == "calculator"
-    assert json.loads(calls[0]["function"]["arguments"]) == {"expression": "12 * 7"}
+    hermes = get_tool_parser("hermes")
+    message, errors = reply_message(text, "stop", hermes, tools_on=True)
+    body = message_json(message)
+    assert not errors and body["content"] == "Let me compute."
+    assert body["tool_calls"][0]["function"]["name"] == "calculator"
+    assert json.loads(body["tool_calls"][0]["function"]["arguments"]) == {"expression": "12 * 7"}
     broken = "<tool_call>{not json}</tool_call>"
-    assert parse_tool_calls(broken) == (broken, [])
+    message, errors = reply_message(broken, "stop", hermes, tools_on=True)
+    assert message.content == broken and not message.tool_calls and errors
 
 
 def test_serve_command_refuses_other_backends_and_bad_paths(tmp_path: Path) -> None:

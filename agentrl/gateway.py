@@ -1,0 +1,484 @@
+"""The recording gateway: an OpenAI Chat Completions endpoint per trajectory, token-exact.
+
+    black-box agent --POST {base_url}/chat/completions (key of its trajectory)--> Gateway
+      -> GatewaySession.complete: messages vs the conversation so far
+           extends it      -> ctx.generate(): the ledger appends the template's delta (mask 0)
+           rewrote history -> ctx.new_segment() first: a full render in a new segment
+      -> RolloutContext.generate -> the rollout's Generator (token ids in, token ids out)
+      -> reply parsed by agentrl.tool_parsers -> OpenAI JSON (or SSE chunks) -> agent
+
+One ``Gateway`` (an aiohttp server on loopback, in the rollouts' own event loop) serves every
+trajectory of a process; ``Gateway.open(ctx)`` gives a trajectory a ``GatewaySession`` with its
+own ``base_url`` (``http://127.0.0.1:PORT/t/<id>/v1``) and key. A key only reaches its own
+session: another trajectory's path answers 403, an unknown key 401.
+
+What is recorded is what the model saw: the prompt of each request is rendered with
+agentrl's chat template (``ChatTemplate``) and sent as token ids; the completion ids, logprobs
+and weight versions are the server's, never re-tokenized. A request whose messages start with
+the whole conversation so far (the assistant messages exactly as returned, whitespace aside)
+extends the same segment, so a multi-turn episode is one sequence; consecutive tool results
+are rendered together (no extra turn boundary). Anything else (a truncated or summarised
+history, an edited message, changed tools) starts a new segment whose prompt is a full render
+of the new messages: every token of it has loss mask 0, since none can be proven sampled, and
+the kind of divergence is counted in ``ctx.metrics`` (``gateway_rewrite_<kind>``).
+
+Streaming is real when the generator is a ``StreamingGenerator``: content deltas leave as the
+tokens arrive (text that could still turn into a tool call or a stop string is held back).
+Errors are OpenAI error objects. Each request and response is kept in ``session.log``
+(``Trajectory.report["gateway"]``), for the trajectory viewer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import secrets
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from agentrl.agent import RolloutContext, RolloutStop
+from agentrl.errors import AbortedError, InferenceError
+from agentrl.inference import openai_chat as oc
+from agentrl.inference.protocol import Completion, SamplingParams, StreamingGenerator
+from agentrl.tool_parsers import get_tool_parser
+from agentrl.types import JSON, Message, RolloutStatus
+
+logger = logging.getLogger(__name__)
+
+REWRITE_KINDS = ("truncated", "assistant_edited", "history_edited", "tools_changed")
+"""How a request can fail to extend the conversation (``gateway_rewrite_<kind>`` metrics)."""
+
+
+class GatewayContext(RolloutContext):
+    """A RolloutContext whose replies are parsed and streamed the way a gateway request asks."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stops: tuple[str, ...] = ()
+        self.tools_on = False
+        self.stop_hit = False
+        self.on_tokens: Callable[[list[int]], None] | None = None
+        self.snapshots: list[tuple[list[Message], dict[int, int], int]] = []
+        for kind in REWRITE_KINDS:
+            self.metrics[f"gateway_rewrite_{kind}"] = 0.0
+
+    def parse_actions(self, text: str, finish_reason: str) -> tuple[Message, list[str]]:
+        text, self.stop_hit = oc.cut_at_stop(text, self.stops)
+        parser = self.tool_parser or get_tool_parser("hermes")
+        return oc.reply_message(text, finish_reason, parser, self.tools_on)
+
+    async def call_model(self, input_ids: list[int], sampling: SamplingParams) -> Completion:
+        on_tokens = self.on_tokens
+        if on_tokens is None or not isinstance(self.generator, StreamingGenerator):
+            return await super().call_model(input_ids, sampling)
+        final: Completion | None = None
+        async for item in self.generator.generate_stream(
+            input_ids, sampling, session_id=self.session_id
+        ):
+            if isinstance(item, Completion):
+                final = item
+            else:
+                on_tokens(item)
+        if final is None:
+            raise InferenceError("the generator's stream ended without a Completion")
+        return final
+
+    def rewrite(self, messages: list[Message], tools: list[JSON] | None, kind: str) -> None:
+        """Replace the conversation (the harness rewrote it): the next prompt is a new segment."""
+        self.metrics[f"gateway_rewrite_{kind}"] += 1
+        self.snapshots.append((self.messages, self._turn_of_message, len(self.ledger.segments)))
+        self.new_segment()
+        self.messages = list(messages)
+        self._turn_of_message = {}
+        self.ledger.tools = tools
+
+    def check_ledger(self) -> list[tuple[int, Any]]:
+        """Each segment against a full render of the conversation it was built from."""
+        views = [*self.snapshots, (self.messages, self._turn_of_message, len(self.ledger.segments))]
+        out, first = [], 0
+        for msgs, turn_of, end in views:
+            for i in range(first, end):
+                if i in self.ledger.raw_segments:
+                    continue
+                n = self.ledger.segment_messages[i]
+                conv = list(msgs[:n])
+                for k in self.ledger.completion_messages[i]:
+                    ids = self.turns[turn_of[k]].completion_ids
+                    conv[k] = Message(role="assistant", content=self.template.completion_text(ids))
+                seg = self.ledger.segments[i]
+                out.append((i, self.template.check_ledger(conv, seg.token_ids, self.ledger.tools)))
+            first = end
+        return out
+
+
+def _same(a: Message, b: Message) -> bool:
+    """Whether a message the agent sent back is the one the conversation holds."""
+    if a.role != b.role or (a.role == "tool" and a.tool_call_id != b.tool_call_id):
+        return False
+    ca = a.content.strip() if isinstance(a.content, str) else json.dumps(a.content)
+    cb = b.content.strip() if isinstance(b.content, str) else json.dumps(b.content)
+    if ca != cb:
+        return False
+    calls = [
+        [(t.id, t.name, json.dumps(t.arguments, sort_keys=True)) for t in m.tool_calls]
+        for m in (a, b)
+    ]
+    return calls[0] == calls[1]
+
+
+@dataclasses.dataclass(slots=True)
+class _Answer:
+    message: Message
+    reason: str
+    completion: Completion
+    prompt_ids: list[int]
+    rewrite: str | None
+
+
+class GatewaySession:
+    """One trajectory's endpoint: its key, its conversation (``ctx``) and its request log."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        ctx: GatewayContext,
+        *,
+        honor_sampling: bool = False,
+        model: str = "agentrl",
+    ) -> None:
+        self.gateway = gateway
+        self.ctx = ctx
+        self.id = secrets.token_hex(8)
+        self.key = "sk-agentrl-" + secrets.token_urlsafe(24)
+        self.honor_sampling = honor_sampling
+        self.model = model
+        self.requests = 0
+        self.log: list[JSON] = []
+        self.stop: RolloutStop | None = None  # a limit a request ran into
+        self.failure: Exception | None = None  # an inference failure
+        self.closed = False
+        self._lock = asyncio.Lock()
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.gateway.url}/t/{self.id}/v1"
+
+    def _sync(self, msgs: list[Message], tools: list[JSON] | None) -> str | None:
+        """Extend the conversation with the request's new messages, or rewrite it (the kind)."""
+        ctx = self.ctx
+        prev = ctx.messages
+        if not ctx.ledger.segments:  # the first request sets the tools shown to the model
+            ctx.messages = list(msgs)
+            ctx.ledger.tools = tools
+            return None
+        kind: str | None = None
+        if (tools or None) != (ctx.ledger.tools or None):
+            kind = "tools_changed"
+        else:
+            bad = next(
+                (i for i, (a, b) in enumerate(zip(prev, msgs, strict=False)) if not _same(a, b)),
+                None,
+            )
+            if bad is not None:
+                if any(_same(p, msgs[bad]) for p in prev[bad + 1 :]):
+                    kind = "truncated"  # messages were dropped (a summary may stand for them)
+                elif prev[bad].role == "assistant":
+                    kind = "assistant_edited"
+                else:
+                    kind = "history_edited"
+            elif len(msgs) <= len(prev):
+                kind = "truncated"
+        if kind is None:
+            ctx.messages.extend(msgs[len(prev) :])
+        else:
+            ctx.rewrite(msgs, tools, kind)
+        return kind
+
+    def _sampling(self, req: oc.ChatRequest) -> SamplingParams:
+        sp = self.ctx.sampling
+        stop_ids = (*sp.stop_token_ids, *(req.stop_token_ids or ()))
+        if not self.honor_sampling:
+            return dataclasses.replace(sp, stop_token_ids=stop_ids)
+        return dataclasses.replace(
+            sp,
+            temperature=sp.temperature if req.temperature is None else req.temperature,
+            top_p=sp.top_p if req.top_p is None else req.top_p,
+            top_k=req.top_k if req.top_k > 0 else sp.top_k,
+            seed=req.seed if req.seed is not None else sp.seed,
+            stop_token_ids=stop_ids,
+        )
+
+    async def complete(
+        self, req: oc.ChatRequest, on_tokens: Callable[[list[int]], None] | None = None
+    ) -> _Answer:
+        """Serve one request through the rollout's context (requests of a session queue up)."""
+        async with self._lock:
+            if self.closed:
+                raise oc.OpenAIError(
+                    "this trajectory has ended; its key no longer serves requests",
+                    status=409,
+                    code="trajectory_ended",
+                )
+            msgs = oc.request_messages(req)
+            ctx = self.ctx
+            saved = ctx.sampling
+            kind = self._sync(msgs, req.tools)
+            ctx.stops, ctx.tools_on = req.stops, bool(req.tools) and req.tool_choice != "none"
+            ctx.sampling, ctx.on_tokens = self._sampling(req), on_tokens
+            self.requests += 1
+            try:
+                reply = await ctx.generate(max_new_tokens=req.limit)
+            except RolloutStop as e:
+                self.stop = e
+                code = (
+                    "context_length_exceeded"
+                    if e.status is RolloutStatus.TRUNCATED_LENGTH
+                    else "max_turns_exceeded"
+                )
+                raise oc.OpenAIError(str(e), code=code) from None
+            except (InferenceError, AbortedError) as e:
+                self.failure = e
+                raise oc.OpenAIError(
+                    f"inference failed: {e}", status=502, type="server_error"
+                ) from None
+            finally:
+                ctx.sampling, ctx.on_tokens = saved, None
+            c = reply.completion
+            seg = ctx.ledger.segments[-1]
+            prompt_ids = seg.token_ids[: len(seg) - len(c.output_ids)]
+            reason = "stop" if ctx.stop_hit else reply.finish_reason
+            return _Answer(reply.message, reason, c, prompt_ids, kind)
+
+    def body(self, req: oc.ChatRequest, a: _Answer, id: str | None = None) -> JSON:
+        """The non-streaming response body."""
+        c = a.completion
+        extra = {"prompt_token_ids": a.prompt_ids, "token_ids": c.output_ids}
+        lp = self.logprobs(c) if req.logprobs else None
+        return oc.chat_completion(
+            req.model or self.model,
+            [
+                oc.choice(
+                    0, a.message, a.reason, logprobs=lp, **(extra if req.return_token_ids else {})
+                )
+            ],
+            oc.usage(len(a.prompt_ids), len(c.output_ids)),
+            id=id,
+        )
+
+    def logprobs(self, c: Completion) -> JSON:
+        return oc.logprobs_json(self.ctx.template.decode, c.output_ids, c.output_logprobs)
+
+    def record(self, req: JSON, resp: JSON, status: int, t0: float, a: _Answer | None) -> None:
+        entry: JSON = {
+            "time": t0,
+            "latency_s": time.time() - t0,
+            "status": status,
+            "request": req,
+            "response": resp,
+        }
+        if a is not None:
+            entry.update(segment=len(self.ctx.ledger.segments) - 1, rewrite=a.rewrite)
+        self.log.append(entry)
+
+    def report(self) -> JSON:
+        return {
+            "session": self.id,
+            "requests": self.requests,
+            "segments": len(self.ctx.ledger.segments),
+            "log": self.log,
+        }
+
+
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Gateway] = weakref.WeakKeyDictionary()
+
+
+class Gateway:
+    """The HTTP server every ``GatewaySession`` of this event loop is reached through."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host, self.port = host, port
+        self.url = ""
+        self._sessions: dict[str, GatewaySession] = {}
+        self._runner: web.AppRunner | None = None
+        self._start_lock = asyncio.Lock()
+
+    @classmethod
+    async def shared(cls) -> Gateway:
+        """This event loop's gateway, started on first use."""
+        loop = asyncio.get_running_loop()
+        gw = _SHARED.get(loop)
+        if gw is None:
+            gw = _SHARED[loop] = cls()
+        await gw.start()
+        return gw
+
+    async def start(self) -> str:
+        async with self._start_lock:
+            if self._runner is None:
+                app = web.Application(client_max_size=64 * 2**20)
+                for prefix in ("/v1", "/t/{sid}/v1"):
+                    app.router.add_get(prefix + "/models", self._models)
+                    app.router.add_post(prefix + "/chat/completions", self._chat)
+                app.router.add_route("*", "/{tail:.*}", self._unknown)
+                runner = web.AppRunner(app, access_log=None)
+                await runner.setup()
+                site = web.TCPSite(runner, self.host, self.port)
+                await site.start()
+                sock = site._server.sockets[0]  # type: ignore[union-attr]
+                self.port = sock.getsockname()[1]
+                self.url = f"http://{self.host}:{self.port}"
+                self._runner = runner
+        return self.url
+
+    def open(self, ctx: GatewayContext, **kwargs: Any) -> GatewaySession:
+        """A new session (its own base_url and key) serving ``ctx``."""
+        if not self.url:
+            raise RuntimeError("Gateway.open() before start()")
+        s = GatewaySession(self, ctx, **kwargs)
+        self._sessions[s.key] = s
+        return s
+
+    def close(self, session: GatewaySession) -> None:
+        session.closed = True
+        self._sessions.pop(session.key, None)
+
+    async def aclose(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --- HTTP -------------------------------------------------------------------------------
+    def _session(self, request: web.Request) -> GatewaySession:
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("api-key")
+        s = self._sessions.get(key or "")
+        if s is None:
+            raise oc.OpenAIError(
+                "invalid or expired API key: use the key given with this trajectory's base_url",
+                status=401,
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+        sid = request.match_info.get("sid")
+        if sid is not None and sid != s.id:
+            raise oc.OpenAIError(
+                "this key belongs to another trajectory's base_url",
+                status=403,
+                type="permission_error",
+                code="wrong_trajectory",
+            )
+        return s
+
+    @staticmethod
+    def _error(e: oc.OpenAIError) -> web.Response:
+        return web.json_response(e.body(), status=e.status)
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        hint = (
+            " The Responses API is not supported; use Chat Completions."
+            if "/responses" in request.path
+            else ""
+        )
+        return self._error(
+            oc.OpenAIError(
+                f"no route {request.method} {request.path}: the gateway serves GET /v1/models "
+                f"and POST /v1/chat/completions.{hint}",
+                status=404,
+                code="unknown_url",
+            )
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        try:
+            s = self._session(request)
+        except oc.OpenAIError as e:
+            return self._error(e)
+        return web.json_response(oc.models_list(s.model))
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.time()
+        try:
+            s = self._session(request)
+        except oc.OpenAIError as e:
+            return self._error(e)
+        raw = await request.read()
+        try:
+            logged: JSON = json.loads(raw)
+        except ValueError:
+            logged = {"raw": raw[:2000].decode(errors="replace")}
+        try:
+            req = oc.parse_chat_request(raw)
+            if req.stream:
+                return await self._stream(request, s, req, logged, t0)
+            a = await s.complete(req)
+        except oc.OpenAIError as e:
+            s.record(logged, e.body(), e.status, t0, None)
+            return self._error(e)
+        body = s.body(req, a)
+        s.record(logged, body, 200, t0, a)
+        return web.json_response(body)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        s: GatewaySession,
+        req: oc.ChatRequest,
+        logged: JSON,
+        t0: float,
+    ) -> web.StreamResponse:
+        queue: asyncio.Queue[list[int] | None] = asyncio.Queue()
+        task = asyncio.create_task(s.complete(req, on_tokens=queue.put_nowait))
+        task.add_done_callback(lambda _t: queue.put_nowait(None))
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        cid, created, model = oc.new_id(), int(time.time()), req.model or s.model
+        await resp.write(
+            oc.sse(oc.chunk(cid, model, created, {"role": "assistant", "content": ""}))
+        )
+        template = s.ctx.template
+        text = oc.TextStream(
+            hold=[getattr(s.ctx.tool_parser or get_tool_parser("hermes"), "open_tag", "")]
+            if req.tools
+            else [],
+            stops=req.stops,
+        )
+        ids: list[int] = []
+        try:
+            while (item := await queue.get()) is not None:
+                ids.extend(item)
+                shown = ids[:-1] if template.ends_turn(ids) else ids
+                delta = text.push(template.content_prefix + template.decode(shown))
+                if delta:
+                    await resp.write(oc.sse(oc.chunk(cid, model, created, {"content": delta})))
+            a = await task
+        except oc.OpenAIError as e:
+            await resp.write(oc.sse(e.body()))
+            await resp.write(oc.sse("[DONE]"))
+            s.record(logged, e.body(), e.status, t0, None)
+            return resp
+        except BaseException:
+            task.cancel()
+            raise
+        rest = text.finish(a.message.text)
+        if rest:
+            await resp.write(oc.sse(oc.chunk(cid, model, created, {"content": rest})))
+        if a.message.tool_calls:
+            calls = [oc.tool_call_json(tc, i) for i, tc in enumerate(a.message.tool_calls)]
+            await resp.write(oc.sse(oc.chunk(cid, model, created, {"tool_calls": calls})))
+        lp = s.logprobs(a.completion) if req.logprobs else None
+        finish = oc.finish_reason(a.reason, a.message)
+        await resp.write(oc.sse(oc.chunk(cid, model, created, {}, finish=finish, logprobs=lp)))
+        use = oc.usage(len(a.prompt_ids), len(a.completion.output_ids))
+        if req.include_usage:
+            await resp.write(oc.sse(oc.usage_chunk(cid, model, created, use)))
+        await resp.write(oc.sse("[DONE]"))
+        s.record(logged, s.body(req, a, id=cid), 200, t0, a)
+        return resp
