@@ -103,6 +103,7 @@ class GatewayAgentLoop(AgentLoop):
         self.model = model
         self.cwd = cwd
         self.env_vars = dict(env_vars or {})
+        self._output: str | None = None  # the subprocess's output tail (one loop per rollout)
 
     async def run(self, sample: Sample, ctx: RolloutContext) -> None:
         if not isinstance(ctx, GatewayContext):
@@ -124,19 +125,22 @@ class GatewayAgentLoop(AgentLoop):
                     failure = await self._run_agent(task, ctx)
             except TimeoutError:
                 timed_out = True
-        finally:
-            gateway.close(session)
+            finally:
+                gateway.close(session)
+            if session.failure is not None:
+                raise InferenceError(str(session.failure))
+            if failure is not None:
+                raise EnvError(f"the agent failed: {failure}")
+            if session.requests == 0:
+                raise EnvError(
+                    "the agent never called the gateway: check that it reads OPENAI_BASE_URL "
+                    "and OPENAI_API_KEY (or the base_url/api_key it was given)"
+                )
+            await self._score(ctx)
+        finally:  # after grading: an env's report replaces ctx.report
             ctx.report["gateway"] = session.report()
-        if session.failure is not None:
-            raise InferenceError(str(session.failure))
-        if failure is not None:
-            raise EnvError(f"the agent failed: {failure}")
-        if session.requests == 0:
-            raise EnvError(
-                "the agent never called the gateway: check that it reads OPENAI_BASE_URL and "
-                "OPENAI_API_KEY (or the base_url/api_key it was given)"
-            )
-        await self._score(ctx)
+            if self._output is not None:
+                ctx.report["agent_output"] = self._output
         if timed_out:
             raise RolloutStop(
                 RolloutStatus.TRUNCATED_TIME, f"the agent ran past timeout_s={self.timeout_s:g}"
@@ -183,7 +187,7 @@ class GatewayAgentLoop(AgentLoop):
             await proc.wait()
             raise
         tail = out.decode(errors="replace")[-4000:]
-        ctx.report["agent_output"] = tail
+        self._output = tail
         if proc.returncode != 0:
             return f"exit status {proc.returncode}; output ends: {tail[-800:]}"
         return None
