@@ -106,11 +106,10 @@ class SandboxEnvironment:
 
 
 def mini_swe_agent(task: GatewayTask, loop: asyncio.AbstractEventLoop) -> dict:
+    import minisweagent
     import yaml
     from minisweagent.agents.default import DefaultAgent
     from minisweagent.models.litellm_model import LitellmModel
-
-    import minisweagent
 
     cfg_path = Path(str(minisweagent.__file__)).parent / "config" / "default.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
