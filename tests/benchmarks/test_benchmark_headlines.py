@@ -95,3 +95,9 @@ def test_swe_headline_without_docker_says_what_was_not_measured() -> None:
     got = _headline("swe.py", "--n", "2", "--concurrency", "2", "--no-docker")
     assert str(got["baseline"]).startswith("not measured") and got["ratio"] is None
     assert got["met"] is None and isinstance(got["ours"], float) and got["ours"] > 0
+
+
+def test_gateway_headline_is_requests_per_s_over_the_servers_own_route() -> None:
+    got = _headline("gateway.py", "--rounds", "1", "--agents", "2", "--turns", "2")
+    assert got["benchmark"] == "gateway_requests_per_s" and got["goal"] == 0.9
+    assert isinstance(got["ratio"], float) and got["met"] == (got["ratio"] >= 0.9)
