@@ -27,13 +27,15 @@ CHECKOUT_PLUGIN = "agentrl_builtins"
 """The built-ins' plugin module, found on the path when no entry point names it."""
 
 COMMANDS: dict[str, str] = {}
-"""``agentrl <name>`` -> ``"module:function"`` of a typer command, added by plugins."""
+"""``agentrl <name>`` -> ``"module:attr"`` of a typer command (or a ``typer.Typer`` group of
+subcommands, e.g. ``agentrl swe prepare``), added by plugins."""
 
 _loaded = False
 
 
 def register_command(name: str, entry_point: str) -> None:
-    """Add ``agentrl <name>``: a typer command function named by a lazy ``module:attr``."""
+    """Add ``agentrl <name>``: a typer command function, or a ``typer.Typer`` whose commands
+    become ``agentrl <name> <command>``, named by a lazy ``module:attr``."""
     old = COMMANDS.get(name)
     if old is not None and old != entry_point:
         raise ConfigError(f"agentrl command {name!r} is registered twice: {old} and {entry_point}")

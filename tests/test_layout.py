@@ -86,6 +86,7 @@ def test_an_uninstalled_checkout_on_pythonpath_finds_the_builtins(tmp_path: Path
         "local",
         "['eval',",
         "'sft',",
+        "'swe',",
         "'train']",
     ]
 
