@@ -204,7 +204,7 @@ class GatewaySession:
         sp = self.ctx.sampling
         stop_ids = (*sp.stop_token_ids, *(req.stop_token_ids or ()))
         if not self.honor_sampling:
-            return dataclasses.replace(sp, stop_token_ids=stop_ids)
+            return dataclasses.replace(sp, stop_token_ids=stop_ids, stop=req.stops)
         return dataclasses.replace(
             sp,
             temperature=sp.temperature if req.temperature is None else req.temperature,
@@ -212,6 +212,7 @@ class GatewaySession:
             top_k=req.top_k if req.top_k > 0 else sp.top_k,
             seed=req.seed if req.seed is not None else sp.seed,
             stop_token_ids=stop_ids,
+            stop=req.stops,
         )
 
     async def complete(

@@ -1,13 +1,17 @@
 """OpenAI-compatible endpoints of the embedded server, for black-box agents.
 
     /v1/chat/completions: messages (+ tools) --chat template--> token ids --engine--> text
-        --Hermes <tool_call>{json}</tool_call> extraction--> assistant message (+ tool_calls)
+        --agentrl.tool_parsers (hermes)--> assistant message (+ tool_calls), or SSE chunks
     /v1/completions:      prompt (text or token ids) --engine--> text
     /v1/models:           the one served model
 
 The chat template is the tokenizer's own, rendered to text and then encoded without special
 tokens (so the prompt ids are exactly the template's). ``tools`` and ``chat_template_kwargs``
-are passed to the template. ``stream`` and ``echo`` are refused with a 400. With
+are passed to the template. Chat requests and answers are parsed and built by
+``agentrl.inference.openai_chat`` (shared with the recording gateway), tool calls by
+``agentrl.tool_parsers`` (Hermes); ``stream=true`` sends SSE chunks as the engine samples
+tokens; ``n > 1`` is refused on chat (one sample per request). ``/v1/completions`` refuses
+``stream`` and ``echo`` with a 400. With
 ``return_token_ids: true`` (vLLM's field) each choice also carries ``prompt_token_ids`` and
 ``token_ids``, so a black-box agent can still keep a token-exact ledger.
 """
@@ -17,26 +21,36 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import ConfigError
 from agentrl.http import json_response, parse_body
 from agentrl.inference.openai_chat import (
+    ChatRequest,
     OpenAIError,
+    TextStream,
     chat_completion,
     choice,
+    chunk,
+    finish_reason,
     logprobs_json,
     models_list,
+    new_id,
     parse_chat_request,
     reply_message,
     request_messages,
+    sse,
+    tool_call_json,
     usage,
+    usage_chunk,
 )
 from agentrl.inference.responses import error_response
-from agentrl.inference.runner import RunnerResult
+from agentrl.inference.runner import RequestParams, RunnerResult
 from agentrl.inference.wire import WireSamplingParams
 from agentrl.tool_parsers import get_tool_parser
 
@@ -172,17 +186,51 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             }
         )
 
+    async def stream_chat(
+        req: ChatRequest, ids: list[int], params: RequestParams, tools_on: bool
+    ) -> AsyncIterator[bytes]:
+        """SSE chunks as the engine samples tokens (shared builders: ``openai_chat``)."""
+        queue: asyncio.Queue[int | None] = asyncio.Queue()
+        task = asyncio.create_task(state.run(uuid.uuid4().hex, ids, params, queue.put_nowait))
+        task.add_done_callback(lambda _t: queue.put_nowait(None))
+        cid, created, model = new_id(), int(time.time()), state.model_name
+        hold = [getattr(parser, "open_tag", "")] if tools_on else []
+        text = TextStream(hold=hold, stops=req.stops)
+        out: list[int] = []
+        try:
+            yield sse(chunk(cid, model, created, {"role": "assistant", "content": ""}))
+            while (tok_id := await queue.get()) is not None:
+                out.append(tok_id)
+                delta = text.push(str(tok.decode(out, skip_special_tokens=req.skip_special_tokens)))
+                if delta:
+                    yield sse(chunk(cid, model, created, {"content": delta}))
+            res = await task
+            if res.error:
+                err = OpenAIError(f"engine failed: {res.error}", status=500, type="server_error")
+                yield sse(err.body())
+                yield sse("[DONE]")
+                return
+            content, reason = text_of(res, req.skip_special_tokens)
+            message, _errors = reply_message(content, reason, parser, tools_on)
+            rest = text.finish(message.text)
+            if rest:
+                yield sse(chunk(cid, model, created, {"content": rest}))
+            if message.tool_calls:
+                calls = [tool_call_json(tc, i) for i, tc in enumerate(message.tool_calls)]
+                yield sse(chunk(cid, model, created, {"tool_calls": calls}))
+            yield sse(chunk(cid, model, created, {}, finish=finish_reason(reason, message)))
+            if req.include_usage:
+                yield sse(usage_chunk(cid, model, created, usage(len(ids), len(res.output_ids))))
+            yield sse("[DONE]")
+        finally:
+            if not task.done():  # the client went away: abort the request
+                task.cancel()
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         try:
             req = parse_chat_request(await request.body())
             request_messages(req)  # validates roles and tool calls
-            if req.stream:
-                raise OpenAIError(
-                    "stream=true is not supported by the embedded server's "
-                    "/v1/chat/completions; send stream=false (the recording gateway streams).",
-                    param="stream",
-                )
             tools: Any = None if req.tool_choice == "none" else req.tools
             try:
                 rendered = tok.apply_chat_template(
@@ -217,6 +265,12 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                 params = state.request_params(sp, top)
             except ConfigError as exc:
                 raise OpenAIError(str(exc)) from exc
+            if req.stream:
+                return StreamingResponse(
+                    stream_chat(req, ids, params, bool(tools)),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache"},
+                )
             res = await state.run(uuid.uuid4().hex, ids, params)
             if res.error:
                 raise OpenAIError(f"engine failed: {res.error}", status=500, type="server_error")

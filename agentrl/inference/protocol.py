@@ -31,6 +31,10 @@ class SamplingParams:
     top_k: int = -1
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Stop strings (the gateway passes an agent's ``stop``). SGLang and the embedded server
+    stop on them (the ids keep the tokens that hold the string); vLLM's token mode cannot, and
+    the gateway cuts the reply's text at the string instead."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -83,6 +83,7 @@ class RunnerRequest:
     input_ids: list[int]  # [P]
     params: RequestParams
     on_done: Callable[[RunnerResult], None]
+    on_token: Callable[[int], None] | None = None  # called (engine thread) per sampled token
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[float, int]]] = field(default_factory=list)
@@ -359,6 +360,8 @@ class ModelRunner:
             req.logprobs.append(sampled.logprobs[i])
             if sampled.top[i] is not None:
                 req.top.append(sampled.top[i])  # type: ignore[arg-type]
+            if req.on_token is not None:
+                req.on_token(tok)
             reason = self._finish_reason(req, tok)
             if reason is None:
                 keep.append(i)

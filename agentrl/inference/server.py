@@ -33,6 +33,7 @@ import logging
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -88,15 +89,34 @@ class ServerState:
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
 
-    async def run(self, rid: str, input_ids: list[int], params: RequestParams) -> RunnerResult:
-        """Submit one request to the engine and wait; abort it if the caller goes away."""
+    async def run(
+        self,
+        rid: str,
+        input_ids: list[int],
+        params: RequestParams,
+        on_token: Callable[[int], None] | None = None,
+    ) -> RunnerResult:
+        """Submit one request to the engine and wait; abort it if the caller goes away.
+
+        ``on_token`` is called in this event loop with each token as it is sampled (before
+        the result), for streaming."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[RunnerResult] = loop.create_future()
 
         def done(result: RunnerResult) -> None:
             loop.call_soon_threadsafe(_resolve, fut, result)
 
-        self.engine.submit(RunnerRequest(rid=rid, input_ids=input_ids, params=params, on_done=done))
+        token_cb = None
+        if on_token is not None:
+
+            def token_cb(tok: int) -> None:
+                loop.call_soon_threadsafe(on_token, tok)
+
+        self.engine.submit(
+            RunnerRequest(
+                rid=rid, input_ids=input_ids, params=params, on_done=done, on_token=token_cb
+            )
+        )
         try:
             return await fut
         except asyncio.CancelledError:

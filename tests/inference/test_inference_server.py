@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -311,8 +312,45 @@ async def test_openai_completions_and_chat(server: ServerProcess, tokenizer: Any
     )
     assert choice["prompt_token_ids"] == tokenizer.encode(rendered, add_special_tokens=False)
     assert len(choice["logprobs"]["content"]) == len(choice["token_ids"])
-    bad = await post(server.url, "/v1/chat/completions", {"messages": messages, "stream": True})
-    assert bad.status_code == 400 and "stream" in bad.json()["error"]["message"]
+    bad = await post(server.url, "/v1/chat/completions", {"messages": messages, "n": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
+
+
+async def test_openai_chat_streams_chunks_while_the_engine_samples(server: ServerProcess) -> None:
+    """The first content chunk of a 256-token completion arrives while it is still running."""
+    body = {
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "stream": True,
+        "max_tokens": 256,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    before = (await engine_stats(server.url))["requests_finished"]
+    events: list[Any] = []
+    at_first: dict[str, int] | None = None
+    async with (
+        httpx2.AsyncClient(timeout=60, trust_env=False) as http,
+        http.stream("POST", server.url + "/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            events.append(data if data == "[DONE]" else json.loads(data))
+            delta = (
+                events[-1]["choices"][0]["delta"]
+                if events[-1] != "[DONE]" and events[-1]["choices"]
+                else {}
+            )
+            if delta.get("content") and at_first is None:
+                at_first = await engine_stats(server.url)
+    assert at_first is not None and at_first["requests_finished"] == before  # still sampling
+    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 256
+    assert events[-3]["choices"][0]["finish_reason"] == "length"
+    assert (
+        sum(1 for e in events[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")) > 10
+    )
 
 
 # ---- weights (these run last in the module and restore the original weights) ---------------

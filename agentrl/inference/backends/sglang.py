@@ -73,6 +73,9 @@ class SGLangDialect(Dialect):
                 d["stop_token_ids"] = list(s.stop_token_ids)
             if s.seed is not None:
                 d["sampling_seed"] = s.seed
+            if s.stop:
+                d["stop"] = list(s.stop)
+                d["no_stop_trim"] = True  # the ids and text keep what was sampled
             if len(self._sp_cache) > 4096:
                 self._sp_cache.clear()
             self._sp_cache[s] = d
