@@ -331,3 +331,50 @@ async def test_a_subprocess_agent_reads_the_openai_environment(chatml: ChatTempl
     assert "got: The answer is 84." in t.report["agent_output"]
     [fail] = await collect(chatml, gen, {"command": [sys.executable, "-c", "raise SystemExit(3)"]})
     assert fail.status is RolloutStatus.ERROR_ENV and "exit status 3" in (fail.error or "")
+
+
+async def test_streamed_tool_calls_assemble_and_the_next_turn_extends(chatml: ChatTemplate) -> None:
+    replies = ["Let me add. " + call("12 * 7") + call("1 + 1"), "It is 84."]
+    gen = ScriptedGenerator(chatml, replies, token_delay_s=0.0)
+    seen: dict[str, Any] = {}
+
+    async def streaming_tools(task: GatewayTask) -> None:
+        oa = client(task)
+        messages: list[Any] = list(task.messages)
+        for _ in range(2):
+            stream = await oa.chat.completions.create(
+                model=task.model, messages=messages, tools=TOOLS, stream=True
+            )
+            content, calls, finish = "", {}, None
+            async for chunk in stream:
+                d = chunk.choices[0].delta
+                content += d.content or ""
+                for tc in d.tool_calls or []:
+                    calls[tc.index] = tc
+                finish = chunk.choices[0].finish_reason or finish
+            seen.setdefault("finish", []).append(finish)
+            msg: dict[str, Any] = {"role": "assistant", "content": content or None}
+            if calls:
+                msg["tool_calls"] = [
+                    {
+                        "id": tc.id,
+                        "type": "function",
+                        "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+                    }
+                    for _, tc in sorted(calls.items())
+                ]
+            messages.append(msg)
+            for tc in msg.get("tool_calls", []):
+                expr = json.loads(tc["function"]["arguments"])["expression"]
+                messages.append(
+                    {"role": "tool", "tool_call_id": tc["id"], "content": str(eval(expr))}
+                )
+            seen.setdefault("content", []).append(content)
+            seen.setdefault("calls", []).append(len(calls))
+
+    [t] = await collect(chatml, gen, {"agent": streaming_tools})
+    assert t.status is RolloutStatus.COMPLETED and t.reward == 1.0, t.error
+    assert seen["finish"] == ["tool_calls", "stop"] and seen["calls"] == [2, 0]
+    assert seen["content"] == ["Let me add.", "It is 84."]  # no tool-call markup leaked
+    assert len(t.segments) == 1 and t.metrics["ledger_mismatch"] == 0
+    assert [e["rewrite"] for e in t.report["gateway"]["log"]] == [None, None]
