@@ -445,11 +445,13 @@ class Gateway:
             oc.sse(oc.chunk(cid, model, created, {"role": "assistant", "content": ""}))
         )
         template = s.ctx.template
+        tools_on = bool(req.tools) and req.tool_choice != "none"
         text = oc.TextStream(
             hold=[getattr(s.ctx.tool_parser or get_tool_parser("hermes"), "open_tag", "")]
-            if req.tools
+            if tools_on
             else [],
             stops=req.stops,
+            strip=tools_on,
         )
         ids: list[int] = []
         try:

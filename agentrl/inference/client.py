@@ -36,7 +36,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _OCTETS = {"content-type": "application/octet-stream"}
+_JSON = {"content-type": "application/json"}
 
 
 class _Server:
@@ -210,6 +211,55 @@ class InferenceClient:
                 server.inflight -= 1
             tried = [server] if tried is None else [*tried, server]
             server = self._failover(server, tried, session_id, problem)
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> AsyncIterator[list[int] | Completion]:
+        """``generate``, with the new token ids handed out as the server samples them, then
+        the Completion (``StreamingGenerator``). A backend whose generate cannot stream (vLLM's
+        token mode) answers in one piece. No failover once a stream has started."""
+        server = self._pick(session_id)
+        body = server.dialect.stream_body(input_ids, sampling, self.cfg.return_logprob)
+        if body is None:
+            c = await self.generate(input_ids, sampling, session_id=session_id)
+            yield list(c.output_ids)
+            yield c
+            return
+        server.inflight += 1
+        start = time.perf_counter()
+        last: dict[str, Any] | None = None
+        seen = 0
+        try:
+            async with self._http.stream(
+                "POST", server.generate_url, content=body, headers=_JSON
+            ) as r:
+                if r.status_code != 200:
+                    resp = httpx2.Response(r.status_code, content=await r.aread())
+                    raise InferenceError(
+                        f"{server.url} refused the streamed request ({r.status_code}): "
+                        f"{error_message(resp)}"
+                    )
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    event = json.loads(data)
+                    if "error" in event:
+                        raise InferenceError(f"{server.url} failed the stream: {event['error']}")
+                    ids = event.get("output_ids") or []
+                    if len(ids) > seen:
+                        yield list(ids[seen:])
+                        seen = len(ids)
+                    last = event
+        except httpx2.HTTPError as e:
+            raise InferenceError(f"{server.url}: the stream broke: {type(e).__name__}: {e}") from e
+        finally:
+            server.inflight -= 1
+        if last is None:
+            raise InferenceError(f"{server.url} ended the stream without an answer")
+        yield server.dialect.completion(last, server.url, time.perf_counter() - start)
 
     def _pick(self, session_id: str | None) -> _Server:
         if session_id is not None:

@@ -195,7 +195,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         task.add_done_callback(lambda _t: queue.put_nowait(None))
         cid, created, model = new_id(), int(time.time()), state.model_name
         hold = [getattr(parser, "open_tag", "")] if tools_on else []
-        text = TextStream(hold=hold, stops=req.stops)
+        text = TextStream(hold=hold, stops=req.stops, strip=tools_on)
         out: list[int] = []
         try:
             yield sse(chunk(cid, model, created, {"role": "assistant", "content": ""}))

@@ -305,13 +305,16 @@ class TextStream:
     """Turns a growing completion into content deltas that are safe to send early.
 
     Text is held back while it could still become part of a tool call (``hold`` markers, e.g.
-    ``<tool_call>``) or a stop string, and surrounding whitespace is held back too (parsers
-    strip it), so the text a client assembles from the deltas is a prefix of the final
-    content; ``finish`` returns the rest of that content.
+    ``<tool_call>``) or a stop string, and with ``strip`` (the final content is stripped, as a
+    tool parser does) surrounding whitespace too, so the text a client assembles from the
+    deltas is a prefix of the final content; ``finish`` returns the rest of that content.
     """
 
-    def __init__(self, hold: Sequence[str] = (), stops: Sequence[str] = ()) -> None:
+    def __init__(
+        self, hold: Sequence[str] = (), stops: Sequence[str] = (), *, strip: bool = False
+    ) -> None:
         self.hold = [h for h in hold if h]
+        self.strip = strip  # the final content is stripped (a tool parser strips it)
         self.stops = list(stops)
         self.sent = ""
         self._closed = False  # a marker appeared: nothing more is sent early
@@ -327,10 +330,11 @@ class TextStream:
         if not self._closed:  # a marker could be starting at the end
             tail = max((len(s) - 1 for s in (*self.hold, *self.stops)), default=0)
             cut = max(0, cut - tail)
-        safe = text[:cut].rstrip()
+        safe = text[:cut].rstrip() if self.strip else text[:cut]
         if safe.endswith("\ufffd"):  # an incomplete UTF-8 sequence
             safe = safe.rstrip("\ufffd")
-        safe = safe.lstrip()
+        if self.strip:
+            safe = safe.lstrip()
         if not safe.startswith(self.sent) or len(safe) <= len(self.sent):
             return ""
         delta, self.sent = safe[len(self.sent) :], safe

@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 
 from agentrl.errors import ConfigError
 from agentrl.http import HttpGuard, is_loopback, json_response, parse_body
@@ -47,6 +49,7 @@ from agentrl.inference.runner import ModelRunner, RequestParams, RunnerRequest, 
 from agentrl.inference.wire import (
     GenerateRequest,
     WireSamplingParams,
+    error_body,
     generate_response,
 )
 
@@ -161,9 +164,11 @@ class ServerState:
     def plan(self, req: GenerateRequest) -> tuple[list[Job], bool]:
         """Turn a request into engine jobs (and whether it was a single prompt, not a batch);
         ConfigError on bad input."""
-        if req.stream:
+        if req.stream and (
+            req.input_ids is None or (req.input_ids and not isinstance(req.input_ids[0], int))
+        ):
             raise ConfigError(
-                "stream=true is not supported by the embedded server; send stream=false."
+                "stream=true needs one prompt given as input_ids (no batches, no text)."
             )
         if req.input_embeds is not None or req.image_data is not None or req.lora_path is not None:
             raise ConfigError(
@@ -229,6 +234,31 @@ class ServerState:
         )
 
 
+async def _stream_generate(state: ServerState, job: Job, start: float) -> AsyncIterator[bytes]:
+    """SSE of one /generate request as SGLang streams it by default: each event carries the
+    output ids so far (cumulative); the last one is the whole answer, then ``[DONE]``."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[int | None] = asyncio.Queue()
+    task = asyncio.create_task(state.run(job.rid, job.input_ids, job.params, queue.put_nowait))
+    task.add_done_callback(lambda _t: queue.put_nowait(None))
+    ids: list[int] = []
+    try:
+        while (tok := await queue.get()) is not None:
+            ids.append(tok)
+            event = {"output_ids": ids, "meta_info": {"id": job.rid, "finish_reason": None}}
+            yield b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+        res = await task
+        if res.error:
+            body: dict[str, object] = error_body(f"engine failed: {res.error}", status=500)
+        else:
+            body = state.respond(job, res, loop.time() - start)
+        yield b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not task.done():  # the client went away: abort the request
+            task.cancel()
+
+
 def _resolve(fut: asyncio.Future[RunnerResult], result: RunnerResult) -> None:
     if not fut.done():
         fut.set_result(result)
@@ -263,6 +293,12 @@ def build_app(
             jobs, single = state.plan(req)
         except ConfigError as exc:
             return error_response(str(exc), 400)
+        if req.stream:
+            return StreamingResponse(
+                _stream_generate(state, jobs[0], start),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         if len(jobs) == 1:
             results = [await state.run(jobs[0].rid, jobs[0].input_ids, jobs[0].params)]
         else:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 
@@ -33,11 +34,15 @@ def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
         yield proc
 
 
-async def collect(server: ServerProcess, model_path: Path, agent: Any) -> Trajectory:
+async def collect(
+    server: ServerProcess, model_path: Path, agent: Any, max_new_tokens: int = 24
+) -> Trajectory:
     name = f"test-gw-server-{next(_names)}"
     register_agent(name, GatewayAgentLoop, agent=agent, grade="none", honor_sampling=True)
     template = ChatTemplate.from_pretrained(model_path)
-    config = CollectorConfig(group_size=1, agent=name, max_new_tokens=24, check_ledger=True)
+    config = CollectorConfig(
+        group_size=1, agent=name, max_new_tokens=max_new_tokens, check_ledger=True
+    )
     async with InferenceClient([server.url]) as client:
         [group] = await RolloutCollector(config, client, template).collect(
             [Sample(env_id="test-agents/Calc-v0")]
@@ -123,3 +128,33 @@ async def test_stop_strings_stop_the_server(server: ServerProcess, tiny_model_pa
     assert cut.choices[0].finish_reason == "stop"
     assert len(t.turns[1].completion_ids) < len(t.turns[0].completion_ids)
     assert t.metrics["gateway_rewrite_truncated"] == 1  # the same request again: a new segment
+
+
+async def test_streaming_through_the_gateway_is_real_with_a_real_server(
+    server: ServerProcess, tiny_model_path: Path
+) -> None:
+    """The first chunk of a 256-token completion reaches the agent while the server samples."""
+    seen: dict[str, Any] = {}
+
+    async def finished() -> int:
+        async with httpx2.AsyncClient(trust_env=False) as http:
+            info = (await http.get(server.url + "/get_server_info")).json()
+        return int(info["engine"]["requests_finished"])
+
+    async def agent(task: GatewayTask) -> None:
+        before = await finished()
+        stream = await oa(task).chat.completions.create(
+            model="m", messages=task.messages, stream=True, max_tokens=256, temperature=0.0
+        )
+        parts: list[str] = []
+        async for c in stream:
+            if c.choices and c.choices[0].delta.content:
+                if not parts:
+                    seen["finished_at_first"] = await finished() - before
+                parts.append(c.choices[0].delta.content)
+        seen["text"], seen["chunks"] = "".join(parts), len(parts)
+
+    t = await collect(server, tiny_model_path, agent, max_new_tokens=256)
+    assert len(t.turns) == 1 and len(t.turns[0].completion_ids) == 256, t.error
+    assert seen["finished_at_first"] == 0, seen  # the request was still running
+    assert seen["chunks"] > 10 and seen["text"] == t.messages[-1].text

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentrl.errors import InferenceError
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.launch import ServerProcess
-from agentrl.inference.protocol import Generator, SamplingParams
+from agentrl.inference.protocol import Completion, Generator, SamplingParams
 from agentrl.inference.weights import checksum_named_tensors
 from agentrl.inference.wire import GenerateResponse
 
@@ -244,7 +244,10 @@ async def test_pause_in_place_holds_requests_until_resume(server: ServerProcess)
         (gen_body([5], max_tokens=3), "max_tokens: unknown field"),
         (gen_body([5, 999_999], max_new_tokens=3), "outside the vocabulary"),
         (gen_body([], max_new_tokens=3), "input_ids is empty"),
-        (gen_body([5], max_new_tokens=3) | {"stream": True}, "stream=true is not supported"),
+        (
+            {"input_ids": [[5], [6]], "sampling_params": {}, "stream": True},
+            "stream=true needs one prompt",
+        ),
         (gen_body([5], frequency_penalty=0.5), "frequency_penalty"),
         (gen_body([5], temperature=-1), "temperature"),
         ({"sampling_params": {}}, "exactly one of 'text' or 'input_ids'"),
@@ -314,6 +317,27 @@ async def test_openai_completions_and_chat(server: ServerProcess, tokenizer: Any
     assert len(choice["logprobs"]["content"]) == len(choice["token_ids"])
     bad = await post(server.url, "/v1/chat/completions", {"messages": messages, "n": 2})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
+
+
+async def test_generate_streams_cumulative_output_ids_then_the_answer(
+    server: ServerProcess,
+) -> None:
+    """SGLang's default stream: each event holds the ids so far; the last one is the answer."""
+    async with InferenceClient([server.url]) as client:
+        items = [
+            item
+            async for item in client.generate_stream(
+                [5, 6, 7], SamplingParams(max_new_tokens=16, temperature=0.0)
+            )
+        ]
+        whole = await client.generate([5, 6, 7], SamplingParams(max_new_tokens=16, temperature=0.0))
+    *rest, done = items
+    pieces = [p for p in rest if isinstance(p, list)]
+    assert isinstance(done, Completion) and len(pieces) == len(rest)
+    assert [t for p in pieces for t in p] == done.output_ids == whole.output_ids
+    assert len(pieces) == len(done.output_ids) and done.output_logprobs == pytest.approx(
+        whole.output_logprobs
+    )
 
 
 async def test_openai_chat_streams_chunks_while_the_engine_samples(server: ServerProcess) -> None:

@@ -33,6 +33,13 @@ class Dialect(ABC):
     ) -> bytes:
         """The JSON body of one generate request (token ids in)."""
 
+    def stream_body(
+        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
+    ) -> bytes | None:
+        """The body of a streamed generate request; None: this backend's generate does not
+        stream in token mode (the client then answers in one piece)."""
+        return None
+
     @abstractmethod
     def completion(self, data: dict[str, Any], server: str, latency: float) -> Completion:
         """Parse a 200 answer; never re-tokenizes."""

@@ -60,6 +60,20 @@ class SGLangDialect(Dialect):
             separators=(",", ":"),
         ).encode()
 
+    def stream_body(
+        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
+    ) -> bytes:
+        """SSE events, each with the output ids so far (SGLang's default, cumulative)."""
+        return json.dumps(
+            {
+                "input_ids": input_ids,
+                "sampling_params": self._sampling_dict(sampling),
+                "return_logprob": return_logprob,
+                "stream": True,
+            },
+            separators=(",", ":"),
+        ).encode()
+
     def _sampling_dict(self, s: SamplingParams) -> dict[str, Any]:
         d = self._sp_cache.get(s)
         if d is None:
