@@ -205,8 +205,11 @@ class GatewaySession:
         stop_ids = (*sp.stop_token_ids, *(req.stop_token_ids or ()))
         if not self.honor_sampling:
             return dataclasses.replace(sp, stop_token_ids=stop_ids, stop=req.stops)
+        if req.ignore_eos:  # only the request's own stop ids end it
+            stop_ids = tuple(req.stop_token_ids or ())
         return dataclasses.replace(
             sp,
+            ignore_eos=req.ignore_eos,
             temperature=sp.temperature if req.temperature is None else req.temperature,
             top_p=sp.top_p if req.top_p is None else req.top_p,
             top_k=req.top_k if req.top_k > 0 else sp.top_k,
@@ -409,12 +412,13 @@ class Gateway:
         except oc.OpenAIError as e:
             return self._error(e)
         raw = await request.read()
+        body: Any = raw  # bytes that are not JSON: parse_chat_request says so
         try:
-            logged: JSON = json.loads(raw)
+            body = logged = json.loads(raw)
         except ValueError:
             logged = {"raw": raw[:2000].decode(errors="replace")}
         try:
-            req = oc.parse_chat_request(raw)
+            req = oc.parse_chat_request(body)
             if req.stream:
                 return await self._stream(request, s, req, logged, t0)
             a = await s.complete(req)

@@ -1,10 +1,11 @@
 """What does recording cost? Chat requests through the gateway against the server's own route.
 
-    python benchmarks/gateway.py [--rounds 3] [--agents 16] [--turns 4] [--max-tokens 16]
+    python benchmarks/gateway.py [--rounds 5] [--agents 16] [--turns 8] [--max-tokens 16]
 
 One embedded server (a tiny model, ``agentrl.tiny``) in its own process. ``--agents`` agents
 run at once, each a ``--turns``-turn conversation written with the ``openai`` client (the
-same code, messages, greedy sampling and ``max_tokens`` on both sides):
+same code, messages, greedy sampling and ``max_tokens`` tokens per turn, EOS ignored, on both
+sides):
 
 - baseline: straight to the server's ``/v1/chat/completions`` (it renders the template and
   samples; nothing is recorded);
@@ -52,8 +53,14 @@ async def agent(base_url: str, key: str, turns: int, max_tokens: int, lat: list[
         for k in range(turns):
             t0 = time.perf_counter()
             r = await oa.chat.completions.create(
-                model="m", messages=messages, max_tokens=max_tokens, temperature=0.0, seed=k
+                model="m",
+                messages=messages,
+                max_tokens=max_tokens,
+                temperature=0.0,
+                seed=k,
+                extra_body={"ignore_eos": True},  # every turn samples max_tokens on both sides
             )
+            assert r.usage is not None and r.usage.completion_tokens == max_tokens
             lat.append(time.perf_counter() - t0)
             messages.append({"role": "assistant", "content": r.choices[0].message.content})
             messages.append({"role": "user", "content": f"Now do it again, step {k}."})
@@ -144,9 +151,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--agents", type=int, default=16)
-    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--turns", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
     return p.parse_args(argv)
 

@@ -98,12 +98,15 @@ class ChatRequest(BaseModel):
         return bool((self.stream_options or {}).get("include_usage"))
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """Validate a request body; raises ``OpenAIError`` naming the bad parameter."""
-    try:
-        data = json.loads(raw or b"null")
-    except ValueError as e:
-        raise OpenAIError(f"the request body is not valid JSON: {e}") from None
+def parse_chat_request(raw: bytes | Any) -> ChatRequest:
+    """Validate a request body (bytes, or its already decoded JSON); raises ``OpenAIError``
+    naming the bad parameter."""
+    data = raw
+    if isinstance(raw, bytes | bytearray):
+        try:
+            data = json.loads(raw or b"null")
+        except ValueError as e:
+            raise OpenAIError(f"the request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise OpenAIError("the request body must be a JSON object with 'model' and 'messages'")
     try:

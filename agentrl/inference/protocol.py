@@ -31,6 +31,8 @@ class SamplingParams:
     top_k: int = -1
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False
+    """Keep sampling past the model's EOS (benchmarks; an agent's ``ignore_eos``)."""
     stop: tuple[str, ...] = ()
     """Stop strings (the gateway passes an agent's ``stop``). SGLang and the embedded server
     stop on them (the ids keep the tokens that hold the string); vLLM's token mode cannot, and

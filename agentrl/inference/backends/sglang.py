@@ -87,6 +87,8 @@ class SGLangDialect(Dialect):
                 d["stop_token_ids"] = list(s.stop_token_ids)
             if s.seed is not None:
                 d["sampling_seed"] = s.seed
+            if s.ignore_eos:
+                d["ignore_eos"] = True
             if s.stop:
                 d["stop"] = list(s.stop)
                 d["no_stop_trim"] = True  # the ids and text keep what was sampled

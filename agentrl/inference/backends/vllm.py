@@ -83,6 +83,8 @@ class VLLMDialect(Dialect):
             d["stop_token_ids"] = list(s.stop_token_ids)
         if s.seed is not None:
             d["seed"] = s.seed
+        if s.ignore_eos:
+            d["ignore_eos"] = True
         out = json.dumps(d, separators=(",", ":"))
         if len(self._sp_cache) > 4096:
             self._sp_cache.clear()
