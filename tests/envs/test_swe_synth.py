@@ -307,3 +307,30 @@ def test_prepare_and_validate_a_sample_of_the_shipped_tasks(tmp_path: Path) -> N
         assert "10/10 tasks valid" in r.stdout
     finally:
         subprocess.run(["rm", "-rf", str(out)], check=True)
+
+
+@needs_local
+def test_swe_cli_synth_then_validate_exits_non_zero_on_a_bad_task(
+    tiny: Prepared, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from envs.swe.cli import swe_app
+    from envs.swe.task import save_tasks
+
+    runner = CliRunner()
+    out = tmp_path / "tasks.jsonl"
+    repos = str(tiny.root.parent)
+    r = runner.invoke(
+        swe_app, ["synth", "calc", "--repos-dir", repos, "--out", str(out), "--per-repo", "2"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "wrote 2 tasks" in r.output and "by family:" in r.output
+    r = runner.invoke(swe_app, ["validate", str(out), "--repos-dir", repos])
+    assert r.exit_code == 0 and "2/2 tasks valid" in r.output, r.output
+    good = load_tasks(out)[0]
+    save_tasks(out, [dataclasses.replace(good, patch="")])  # the "gold" patch fixes nothing
+    r = runner.invoke(swe_app, ["validate", str(out), "--repos-dir", repos])
+    assert r.exit_code == 1 and "0/1 tasks valid" in r.output and "BAD" in r.output, r.output
