@@ -334,3 +334,19 @@ def test_swe_cli_synth_then_validate_exits_non_zero_on_a_bad_task(
     save_tasks(out, [dataclasses.replace(good, patch="")])  # the "gold" patch fixes nothing
     r = runner.invoke(swe_app, ["validate", str(out), "--repos-dir", repos])
     assert r.exit_code == 1 and "0/1 tasks valid" in r.output and "BAD" in r.output, r.output
+
+
+def test_shipped_problem_statements_leak_no_fix_and_no_line_number() -> None:
+    for t in load_tasks(SHIPPED):
+        n = _first_changed_line(t.patch)
+        s = t.problem_statement
+        assert f".py:{n}" not in s and f"line {n}" not in s, t.instance_id
+        text = s
+        for test in t.fail_to_pass:  # a test's name may hold a word of the fix ("raise")
+            text = text.replace(test, "")
+        for line in t.patch.splitlines():
+            if line.startswith("+") and not line.startswith("+++") and len(line[1:].strip()) > 3:
+                assert line[1:].strip() not in text, (t.instance_id, line)
+        assert not t.metadata["file"].startswith("tests/") and "test_" not in str(
+            t.metadata["file"]
+        )
