@@ -43,7 +43,12 @@ from agentrl.types import Sample
 GOAL = 0.9
 
 
-async def agent(base_url: str, key: str, turns: int, max_tokens: int, lat: list[float]) -> int:
+PROMPT_TOKENS: dict[str, list[int]] = {}
+
+
+async def agent(
+    base_url: str, key: str, turns: int, max_tokens: int, lat: list[float], side: str = ""
+) -> int:
     """A fixed conversation: ask, append the reply, ask again."""
     async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as oa:
         messages: list[Any] = [
@@ -61,6 +66,7 @@ async def agent(base_url: str, key: str, turns: int, max_tokens: int, lat: list[
                 extra_body={"ignore_eos": True},  # every turn samples max_tokens on both sides
             )
             assert r.usage is not None and r.usage.completion_tokens == max_tokens
+            PROMPT_TOKENS.setdefault(side, []).append(r.usage.prompt_tokens)
             lat.append(time.perf_counter() - t0)
             messages.append({"role": "assistant", "content": r.choices[0].message.content})
             messages.append({"role": "user", "content": f"Now do it again, step {k}."})
@@ -71,7 +77,10 @@ async def baseline(url: str, args: argparse.Namespace) -> tuple[float, list[floa
     lat: list[float] = []
     t0 = time.perf_counter()
     done = await asyncio.gather(
-        *(agent(url + "/v1", "none", args.turns, args.max_tokens, lat) for _ in range(args.agents))
+        *(
+            agent(url + "/v1", "none", args.turns, args.max_tokens, lat, "server")
+            for _ in range(args.agents)
+        )
     )
     return sum(done) / (time.perf_counter() - t0), lat
 
@@ -96,7 +105,7 @@ async def through_gateway(
         sessions.append(gw.open(ctx, honor_sampling=True))
     t0 = time.perf_counter()
     done = await asyncio.gather(
-        *(agent(s.base_url, s.key, args.turns, args.max_tokens, lat) for s in sessions)
+        *(agent(s.base_url, s.key, args.turns, args.max_tokens, lat, "gateway") for s in sessions)
     )
     rate = sum(done) / (time.perf_counter() - t0)
     for s in sessions:
@@ -138,6 +147,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     ratios = sorted(o_ / b_ for o_, b_ in zip(our_rates, base_rates, strict=True))
     print(f"gateway / server requests/s per round: {ratios[0]:.2f}-{ratios[-1]:.2f}x")
     print(f"per-turn latency p50: server {bl:.1f} ms | gateway {ol:.1f} ms")
+    pt = {k: statistics.mean(v) for k, v in PROMPT_TOKENS.items()}
+    print(f"prompt tokens per request: server {pt['server']:.0f} | gateway {pt['gateway']:.0f}")
     ratio = o / b
     return {
         "benchmark": "gateway_requests_per_s",
