@@ -166,3 +166,34 @@ def test_server_process_reports_a_failed_start_with_its_log(tmp_path: Path) -> N
     with pytest.raises(InferenceError, match="exited with code"):
         proc.start()
     assert not proc.alive() and "no-model" in proc.log_tail()
+
+
+def test_text_stream_holds_back_what_may_become_a_call_or_a_stop() -> None:
+    from agentrl.inference.openai_chat import TextStream
+
+    s = TextStream(hold=["<tool_call>"], stops=["STOP"], strip=True)
+    got = [
+        s.push(t)
+        for t in ("  Hel", "  Hello wor", "  Hello world <tool", "  Hello world <tool_call>{")
+    ]
+    assert "".join(got) == "Hello world"  # nothing of the call (or its opening) went out
+    assert s.finish("Hello world") == ""
+    plain = TextStream(stops=["STOP"])
+    assert plain.push("ab ST") == "ab"  # "ST" and the character before may start "STOP"
+    assert plain.push("ab STOP and more") == " " and plain.push("ab STOP and more!") == ""
+    assert plain.finish("ab ") == ""
+    assert TextStream().push("caf\ufffd") == "caf"  # an unfinished UTF-8 character waits
+
+
+def test_chat_requests_are_validated_with_openai_errors() -> None:
+    from agentrl.inference.openai_chat import OpenAIError, parse_chat_request
+
+    for raw, param in (
+        (b"{", None),
+        (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', "n"),
+        (b'{"messages": []}', "messages"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 9}', "temperature"),
+    ):
+        with pytest.raises(OpenAIError) as e:
+            parse_chat_request(raw)
+        assert e.value.status == 400 and e.value.body()["error"]["param"] == param
