@@ -100,12 +100,12 @@ async def test_timeouts_score_zero_unless_the_gold_patch_times_out_too(
 ) -> None:
     r, task = repo
     loop = OPS.replace("return a - b\n\n\ndef sub", "while True:\n        pass\n\n\ndef sub")
-    report = await grade(task, diff_for(r, {"calc/ops.py": loop}), env, timeout_s=4)
+    report = await grade(task, diff_for(r, {"calc/ops.py": loop}), env, timeout_s=8)
     assert report.timed_out and report.reward == 0.0  # the gold patch finishes: model's fault
     slow_tests = HIDDEN.replace("def test_sub():", "def test_sub():\n    while True:\n        pass")
     hung = dataclasses.replace(task, test_patch=diff_for(r, {"tests/test_ops.py": slow_tests}))
     with pytest.raises(GradingError, match="even with the gold patch"):
-        await grade(hung, task.patch, env, timeout_s=4)
+        await grade(hung, task.patch, env, timeout_s=8)
 
 
 @needs_local
