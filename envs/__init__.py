@@ -8,6 +8,8 @@
     arith/Countdown-v0            reach a target from 3 numbers, checked with the calculator
     games/GuessNumber-v0          find a number in 1..16 from higher/lower replies
     games/GridWorld-v0            walk to G on a 3x3 text grid with up/down/left/right
+    swe/Repo-v0                   fix a repository task in a sandbox (tasks=, repos_dir=; after
+                                  ``agentrl swe prepare``); hidden tests grade it
 
 Each id maps to a ``"module:Class"`` string plus default kwargs (``make_env`` overrides them).
 """
@@ -74,4 +76,10 @@ register_env(
     "games/GridWorld-v0",
     "envs.grid:GridWorldEnv",
     description="Walk to G on a 3x3 text grid with one wall.",
+)
+register_env(
+    "swe/Repo-v0",
+    "envs.swe.env:SWEEnv",
+    description="Fix a repository task in a sandbox; hidden tests grade the diff (needs "
+    "`agentrl swe prepare`; tasks=FILE, repos_dir=DIR).",
 )

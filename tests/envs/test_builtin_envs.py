@@ -8,7 +8,8 @@ from agentrl.env import ENVS, Env, make_env
 from agentrl.env_checker import check_env, replay_demonstration
 from agentrl.types import Message, ToolCall
 
-BUILTIN = [s.id for s in ENVS if s.entry_point_str.startswith("envs.")]
+NEEDS_SETUP = {"swe/Repo-v0"}  # prepared repositories first; tests/agents/test_swe_agent.py
+BUILTIN = [s.id for s in ENVS if s.entry_point_str.startswith("envs.") and s.id not in NEEDS_SETUP]
 
 
 def say(text: str) -> Message:

@@ -22,7 +22,8 @@ from agentrl.rollout.testing import ScriptedGenerator
 from agentrl.types import Message, RolloutStatus, Sample
 from tests.envserver.support import png, serve
 
-BUILTIN = sorted(s.id for s in ENVS if not s.id.startswith("test-"))
+NEEDS_SETUP = {"swe/Repo-v0"}  # prepared repositories first; tests/agents/test_swe_agent.py
+BUILTIN = sorted(s.id for s in ENVS if not s.id.startswith("test-") and s.id not in NEEDS_SETUP)
 ACTIONS = ["8", "up", "The answer is 4", "12", "right", "down", "3", "done", "left", "16"]
 
 
