@@ -140,10 +140,20 @@ async def trajectory(make_env: Any, seed: int) -> dict[str, float]:
         await env.aclose()
 
 
+def _glob(root: Path, pattern: str) -> list[Path]:
+    """``root.glob(pattern)``, tolerating folders that vanish while it walks (cgroups do)."""
+    for _ in range(5):
+        try:
+            return list(root.glob(pattern))
+        except FileNotFoundError:
+            continue
+    return []
+
+
 def usage(root: Path) -> tuple[int, int, int]:
     """(homes, bytes on disk, bytes of memory) of the live sandboxes under ``root``."""
     disk = mem = homes = 0
-    for home in root.glob("*"):
+    for home in _glob(root, "*"):
         if not home.is_dir():
             continue
         homes += 1
@@ -153,8 +163,8 @@ def usage(root: Path) -> tuple[int, int, int]:
                     disk += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
     cg = Path("/sys/fs/cgroup")
     for f in [
-        *cg.glob("memory/agentrl*/**/memory.usage_in_bytes"),
-        *cg.glob("agentrl*/**/memory.current"),
+        *_glob(cg, "memory/agentrl*/**/memory.usage_in_bytes"),
+        *_glob(cg, "agentrl*/**/memory.current"),
     ]:
         if PREFIX in str(f) and f.parent.name.startswith(PREFIX):
             with contextlib.suppress(OSError, ValueError):
@@ -174,7 +184,7 @@ def leaks(root: Path) -> dict[str, int]:
             if p.environ().get(MARKER, "").startswith(PREFIX):
                 procs += 1
     cg = Path("/sys/fs/cgroup")
-    cgroups = sum(1 for d in [*cg.glob(f"*/agentrl*/{PREFIX}*"), *cg.glob(f"agentrl*/{PREFIX}*")])
+    cgroups = len(_glob(cg, f"*/agentrl*/{PREFIX}*") + _glob(cg, f"agentrl*/{PREFIX}*"))
     mounts = Path("/proc/mounts").read_text().count(str(root))
     dirs = sum(1 for _ in root.glob(f"{PREFIX}*"))
     return {"processes": procs, "cgroups": cgroups, "mounts": mounts, "dirs": dirs}
