@@ -63,7 +63,7 @@ class SWEContext(RolloutContext):
         return super().build_prompt(prompt_ids)
 
     def compact(self) -> int:
-        """Elide observations older than the window once ``history_window`` of them aged out."""
+        """Elide observations older than the window once ``history_window`` (> 0) aged out."""
         first_user = next((i for i, m in enumerate(self.messages) if m.role == "user"), -1)
         observations = [
             i
@@ -72,7 +72,7 @@ class SWEContext(RolloutContext):
             and m.role in ("tool", "user")
             and not m.text.startswith("[output elided")
         ]
-        aged = observations[: -self.history_window] if self.history_window else []
+        aged = observations[: -self.history_window]
         if len(aged) < self.history_window:
             return 0
         for i in aged:

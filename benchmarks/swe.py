@@ -55,32 +55,10 @@ FIX = "sed -i '0,/return a - b/s//return a + b/' calc/ops.py"
 def build_repo(root: Path) -> tuple[list[SWETask], dict[str, Any]]:
     """The tests' tiny repository and its test env, under ``root`` (kept between runs)."""
     from envs.swe.pyenv import build_test_env
-    from tests.envs import swe_repo as R
+    from tests.envs.swe_repo import make_calc_repo
 
-    r = root / "calc-repo"
-    if not (r / ".git").exists():
-        shutil.rmtree(r, ignore_errors=True)
-        (r / "calc").mkdir(parents=True)
-        (r / "tests").mkdir()
-        (r / "calc" / "__init__.py").write_text("")
-        (r / "calc" / "ops.py").write_text(R.OPS)
-        (r / "tests" / "test_ops.py").write_text(R.TESTS)
-        R.git(r, "init", "-q", "-b", "main")
-        R.git(r, "add", "-A")
-        R.git(r, "commit", "-q", "-m", "base")
-    base = R.git(r, "rev-parse", "HEAD").strip()
-    fixed = R.OPS.replace("return a - b\n\n\ndef sub", "return a + b\n\n\ndef sub")
-    task = SWETask(
-        instance_id="calc__ops-1",
-        repo="calc",
-        base_commit=base,
-        problem_statement="add(2, 2) returns 0",
-        patch=R.diff_for(r, {"calc/ops.py": fixed}),
-        test_patch=R.diff_for(r, {"tests/test_ops.py": R.HIDDEN}),
-        fail_to_pass=("tests/test_ops.py::test_add",),
-        pass_to_pass=("tests/test_ops.py::test_sub",),
-    )
-    os.chmod(root, 0o755)
+    root.mkdir(parents=True, exist_ok=True)
+    r, task = make_calc_repo(root)
     env = build_test_env(root / "env")
     repo_envs = {"calc": {"repo_dir": str(r), "python": env.python, "ro_paths": [env.prefix]}}
     return [task], repo_envs

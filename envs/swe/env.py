@@ -189,8 +189,8 @@ class SWEEnv(Env):
             )
         env = base / "env"
         if (env / "bin" / "python").exists():
-            return RepoEnv(repo_dir=str(base / "repo"), python=str(env / "bin" / "python"),
-                           ro_paths=(str(env),))  # fmt: skip
+            python = str(env / "bin" / "python")
+            return RepoEnv(repo_dir=str(base / "repo"), python=python, ro_paths=(str(env),))
         return RepoEnv(repo_dir=str(base / "repo"))
 
     async def areset(
@@ -212,11 +212,7 @@ class SWEEnv(Env):
                 )
         task = pool[int(self.np_random.integers(len(pool)))]
         self.task = task
-        repo = self.repo_env(task)
-        folder, self._root = await asyncio.to_thread(self.workspace, task, repo)
-        config = self._sandbox_config(repo) | {"template_dir": folder}
-        name = new_name(self.sandbox_prefix)
-        self.sandbox = await make_sandbox(self.sandbox_kind, name=name, **config)
+        self.sandbox, self._root = await self._new_sandbox(task, self.sandbox_prefix)
         prompt = TOOLS_PROMPT if self.mode == "tools" else BASH_PROMPT
         obs = [
             Message(role="system", content=prompt),
@@ -228,16 +224,22 @@ class SWEEnv(Env):
         """The repository: train and eval tasks never share one."""
         return str(info["task_key"])
 
-    def _sandbox_config(self, repo: RepoEnv) -> dict[str, Any]:
-        options = repo.sandbox_options()
-        if self.sandbox_kind != "local":
-            options.pop("ro_paths", None)
+    async def _new_sandbox(self, task: SWETask, prefix: str) -> tuple[Sandbox, str]:
+        """A sandbox holding ``task``'s workspace (made first if needed), and its root commit."""
+        repo = self.repo_env(task)
+        folder, root = await asyncio.to_thread(self.workspace, task, repo)
         path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         if repo.python != "python3":
             path = f"{os.path.dirname(repo.python)}:{path}"
         env = {"PATH": path, **_SAFE_GIT, "PYTHONDONTWRITEBYTECODE": "1"}
-        user = self.sandbox_options.get("env") or {}
-        return {**options, **self.sandbox_options, "env": {**env, **user}}
+        config = {
+            **repo.sandbox_options(self.sandbox_kind),
+            **self.sandbox_options,
+            "template_dir": folder,
+            "env": {**env, **(self.sandbox_options.get("env") or {})},
+        }
+        sb = await make_sandbox(self.sandbox_kind, name=new_name(prefix), **config)
+        return sb, root
 
     def workspace(self, task: SWETask, repo: RepoEnv) -> tuple[str, str]:
         """The task's scrubbed workspace (a folder) and its one commit, made once per task.
@@ -331,11 +333,9 @@ class SWEEnv(Env):
         in a scratch sandbox of the same workspace, so the episode's own is untouched."""
         if self.task is None:
             return None
-        task, repo = self.task, self.repo_env(self.task)
-        folder, _ = await asyncio.to_thread(self.workspace, task, repo)
-        config = self._sandbox_config(repo) | {"template_dir": folder}
-        name = new_name(self.sandbox_prefix + "demo-")
-        async with await make_sandbox(self.sandbox_kind, name=name, **config) as sb:
+        task = self.task
+        sb, _ = await self._new_sandbox(task, self.sandbox_prefix + "demo-")
+        async with sb:
             files = sorted({t.split("::")[0] for t in task.fail_to_pass})
             have = await sb.exec(
                 "ls -d " + " ".join(shlex.quote(f) for f in files) + " 2>/dev/null"

@@ -91,7 +91,10 @@ class RepoEnv:
                     "its own; keep the environment elsewhere (e.g. /var/tmp or a data dir)"
                 )
 
-    def sandbox_options(self) -> dict[str, Any]:
+    def sandbox_options(self, kind: str = "local") -> dict[str, Any]:
+        """``make_sandbox`` options showing the repo; ``ro_paths`` is a local-backend option."""
+        if kind != "local":
+            return {"template_dir": self.repo_dir}
         from sandboxes.local import DEFAULT_RO_PATHS
 
         return {"template_dir": self.repo_dir, "ro_paths": [*DEFAULT_RO_PATHS, *self.ro_paths]}
@@ -194,9 +197,7 @@ async def grade(
     """Grade ``model_patch`` (a git diff against ``task.base_commit``); see the module doc."""
     test_files = frozenset(task.test_files)
     kept, dropped = filter_patch(model_patch, test_files)
-    options = {**repo.sandbox_options(), **(sandbox_options or {})}
-    if sandbox_kind != "local":
-        options.pop("ro_paths", None)
+    options = {**repo.sandbox_options(sandbox_kind), **(sandbox_options or {})}
     async with await make_sandbox(sandbox_kind, name=new_name(name_prefix), **options) as sb:
         report = await _grade_in(sb, task, kept, repo.python, timeout_s, partial_credit)
     report = replace(report, dropped_files=tuple(dropped))

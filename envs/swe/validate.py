@@ -72,8 +72,10 @@ async def validate_tasks(
             try:
                 base = await grade(t, "", env, timeout_s=timeout_s)
                 gold = await grade(t, t.patch, env, timeout_s=timeout_s)
-                c = Check(t.instance_id, base.resolved, gold.resolved, time.perf_counter() - t0,
-                          "" if gold.resolved else gold.log_tail[-300:])  # fmt: skip
+                why = "" if gold.resolved else gold.log_tail[-300:]
+                c = Check(
+                    t.instance_id, base.resolved, gold.resolved, time.perf_counter() - t0, why
+                )
             except GradingError as e:
                 c = Check(t.instance_id, False, False, time.perf_counter() - t0, str(e)[:300])
             if log is not None:

@@ -61,19 +61,19 @@ def diff_for(repo: Path, files: dict[str, str | None]) -> str:
     return out
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SWETask]:
-    root = tmp_path_factory.mktemp("swe")
-    os.chmod(root, 0o755)
+def make_calc_repo(root: Path) -> tuple[Path, SWETask]:
+    """The repository under ``root/calc-repo`` (made unless it is there) and its one task."""
     r = root / "calc-repo"
-    (r / "calc").mkdir(parents=True)
-    (r / "tests").mkdir()
-    (r / "calc" / "__init__.py").write_text("")
-    (r / "calc" / "ops.py").write_text(OPS)
-    (r / "tests" / "test_ops.py").write_text(TESTS)
-    git(r, "init", "-q", "-b", "main")
-    git(r, "add", "-A")
-    git(r, "commit", "-q", "-m", "base")
+    if not (r / ".git").exists():
+        shutil.rmtree(r, ignore_errors=True)
+        (r / "calc").mkdir(parents=True)
+        (r / "tests").mkdir()
+        (r / "calc" / "__init__.py").write_text("")
+        (r / "calc" / "ops.py").write_text(OPS)
+        (r / "tests" / "test_ops.py").write_text(TESTS)
+        git(r, "init", "-q", "-b", "main")
+        git(r, "add", "-A")
+        git(r, "commit", "-q", "-m", "base")
     base = git(r, "rev-parse", "HEAD").strip()
     fixed = OPS.replace("return a - b\n\n\ndef sub", "return a + b\n\n\ndef sub")
     task = SWETask(
@@ -86,8 +86,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SWETask]:
         fail_to_pass=("tests/test_ops.py::test_add", "tests/test_ops.py::test_add_negative"),
         pass_to_pass=("tests/test_ops.py::test_sub",),
     )
+    os.chmod(root, 0o755)
     subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
     return r, task
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SWETask]:
+    return make_calc_repo(tmp_path_factory.mktemp("swe"))
 
 
 @pytest.fixture(scope="module")

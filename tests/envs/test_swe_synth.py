@@ -178,8 +178,10 @@ def test_synth_tasks_hide_their_failing_tests_and_name_no_fix(
         assert t.metadata["prepared_commit"] == tiny.commit
         base_tests = subprocess.run(
             ["git", "-C", str(tiny.repo_dir), "show", f"{t.base_commit}:tests/test_ops.py"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         for test in t.fail_to_pass:  # hidden: not in the workspace, only in test_patch
             name = test.rsplit("::", 1)[1]
             assert f"def {name}(" not in base_tests and f"def {name}(" in t.test_patch
@@ -300,9 +302,20 @@ def test_prepare_and_validate_a_sample_of_the_shipped_tasks(tmp_path: Path) -> N
         run = ["agentrl", "swe"]
         subprocess.run([*run, "prepare", "--out", str(out), "--tasks", str(SHIPPED)], check=True)
         r = subprocess.run(
-            [*run, "validate", str(SHIPPED), "--repos-dir", str(out), "--sample", "10", "--seed", "0"],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                *run,
+                "validate",
+                str(SHIPPED),
+                "--repos-dir",
+                str(out),
+                "--sample",
+                "10",
+                "--seed",
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert "10/10 tasks valid" in r.stdout
     finally:
