@@ -5,6 +5,8 @@
                   a reply without tool calls goes to env.step (the answer)
     env_driver    reset -> generate -> env.step(assistant message) -> observation -> ...;
                   the env handles tool calls itself
+    gateway       a black-box agent (a callable or a command) that speaks OpenAI Chat
+                  Completions to a per-trajectory gateway; options in rollout.agent_options
     swe           env_driver for repository tasks (swe/Repo-v0): a history window, a
                   wall-time budget, and a grade of the workspace when a limit ends it
 
@@ -32,4 +34,9 @@ register_agent(
     "swe",
     "agents.swe_agent:SWEAgentLoop",
     description="Repository tasks: act until submit or a limit, then grade the workspace.",
+)
+register_agent(
+    "gateway",
+    "agents.gateway_agent:GatewayAgentLoop",
+    description="A black-box OpenAI-speaking agent (rollout.agent_options: agent or command).",
 )

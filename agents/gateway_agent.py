@@ -93,7 +93,11 @@ class GatewayAgentLoop(AgentLoop):
         env_vars: dict[str, str] | None = None,
     ) -> None:
         if (agent is None) == (command is None):
-            raise ConfigError("gateway agent: give exactly one of agent= (callable) or command=")
+            raise ConfigError(
+                "gateway agent: give exactly one of agent= (a callable or 'module:function') or "
+                "command= (a command line); in a recipe: rollout.agent_options.agent or "
+                f"rollout.agent_options.command (got agent={agent!r}, command={command!r})"
+            )
         self.agent = _resolve(agent)
         self.command = shlex.split(command) if isinstance(command, str) else command
         self.timeout_s = timeout_s

@@ -24,9 +24,10 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from agentrl.agent import AGENTS, Limits, RolloutContext, make_agent, status_for
+from agentrl.agent import AGENTS, AgentLoop, Limits, RolloutContext, make_agent, status_for
 from agentrl.chat import ChatTemplate
 from agentrl.env import Env, make_env
 from agentrl.errors import ConfigError, EnvError
@@ -60,6 +61,9 @@ class CollectorConfig:
     """Tool-call parser (agentrl.tool_parsers); None: replies are plain text."""
     agent: str = "tool_calling"
     """AgentLoop for samples that do not name one (Sample.agent)."""
+    agent_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for ``agent`` (over its registered defaults), e.g. for ``gateway``:
+    ``{command: "python my_agent.py", timeout_s: 900, grade: workspace}``."""
     timeout_s: float = 600.0
     """Wall-clock limit per rollout; past it the rollout is aborted."""
     check_ledger: bool = False
@@ -89,6 +93,8 @@ class RolloutCollector:
     ) -> None:
         config.validate()
         AGENTS.get(config.agent)  # fail early on an unknown (or doubly registered) default loop
+        if config.agent_options:
+            self._make_agent(config.agent, config)  # and on options the loop does not take
         if config.tool_parser is not None:
             TOOL_PARSERS.spec(config.tool_parser)
         self.config = config
@@ -193,7 +199,7 @@ class RolloutCollector:
         timeout = asyncio.timeout(self.config.timeout_s)
         agent_name = sample.agent or self.config.agent
         try:
-            agent = make_agent(agent_name)
+            agent = self._make_agent(agent_name, self.config)
             env = self._make_env(sample)
             ctx = agent.context_class(
                 sample=sample,
@@ -217,6 +223,19 @@ class RolloutCollector:
         if self.config.check_ledger and ctx is not None:
             self._check_ledger(ctx, traj)
         return traj
+
+    @staticmethod
+    def _make_agent(name: str, cfg: CollectorConfig) -> AgentLoop:
+        """The loop for one rollout; ``agent_options`` apply to the default loop only."""
+        if name != cfg.agent or not cfg.agent_options:
+            return make_agent(name)
+        try:
+            return make_agent(name, **cfg.agent_options)
+        except TypeError as e:
+            raise ConfigError(
+                f"rollout.agent_options {sorted(cfg.agent_options)} do not fit agent loop "
+                f"{name!r}: {e}. See that loop class's docstring for its options."
+            ) from None
 
     def _make_env(self, sample: Sample) -> Env:
         try:
