@@ -9,7 +9,6 @@ without importing the driver.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import signal
 import sys
@@ -18,6 +17,7 @@ import threading
 import numpy as np
 import torch
 
+from agentrl.cpus import available_cpus
 from agentrl.distributed import ResourcePool, init_ray_local
 from trainers.config import RunConfig
 from trainers.serving import resolve_device
@@ -54,11 +54,11 @@ def start_ray(num_cpus: int) -> bool:
 
     if ray.is_initialized():
         return False
-    init_ray_local(num_cpus=num_cpus or None)
+    init_ray_local(num_cpus=num_cpus or available_cpus())
     return True
 
 
 def threads_per_rank(cfg: RunConfig) -> int:
     """torch threads per training rank: the run's CPUs shared by its ranks."""
-    cpus = cfg.train.num_cpus or os.cpu_count() or 1
+    cpus = cfg.train.num_cpus or available_cpus()
     return max(1, cpus // cfg.train.world_size)

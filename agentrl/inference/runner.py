@@ -27,7 +27,6 @@ import concurrent.futures
 import inspect
 import itertools
 import logging
-import os
 import queue
 import threading
 from collections import deque
@@ -37,6 +36,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from agentrl.cpus import available_cpus
 from agentrl.errors import ConfigError
 from agentrl.inference.batch_state import BatchState, prefill_inputs
 from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
@@ -449,7 +449,7 @@ class ModelRunner:
 def _default_threads(device: str) -> int:
     if device.startswith("cuda"):
         return 2
-    return max(1, (os.cpu_count() or 2) - 1)
+    return max(1, available_cpus() - 1)
 
 
 def _cache_keyword(model: Any) -> str:
