@@ -18,6 +18,10 @@ workspace's diff against the base commit and hands it to ``envs.swe.grade.grade`
 sandbox, protected files dropped, hidden tests applied, per-test outcomes. The step's
 ``info["report"]`` (saved on the trajectory) holds the per-test report and the diff.
 
+A curriculum narrows the task set (``families``, ``repos``, ``bug_pattern``) and the prompt
+(``max_issue_chars``); ``demo_probe`` and ``demo_edit="line"`` make the oracle's
+demonstrations short enough for a small model to copy (``recipes/swe.yaml``).
+
 Repositories live under ``repos_dir``, one folder per ``task.repo`` with ``/`` replaced by
 ``__``: ``<slug>/repo`` (a git repository holding every task's base commit) and, when
 present, ``<slug>/env`` (its test environment, ``envs.swe.pyenv``), or pass ``repo_envs``
@@ -48,6 +52,7 @@ from envs.swe.grade import RepoEnv, grade
 from envs.swe.task import SWETask, load_tasks
 
 Mode = Literal["tools", "bash"]
+DemoEdit = Literal["hunk", "line"]
 FIXED_DATE = "2026-01-01T00:00:00Z"
 _GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "agentrl",
@@ -142,17 +147,54 @@ class SWEEnv(Env):
         sandbox_options: dict[str, Any] | None = None,
         workspace_cache: str = "",
         sandbox_prefix: str = "agentrl-swe-",
+        families: list[str] | None = None,
+        repos: list[str] | None = None,
+        bug_pattern: str = "",
+        max_issue_chars: int = 0,
+        demo_probe: str = "",
+        demo_edit: DemoEdit = "hunk",
+        grade_empty_patch: bool = True,
+        system_prompt: str = "",
+        tool_names: list[str] | None = None,
     ) -> None:
+        """See the module docstring; the curriculum arguments:
+
+        - ``families``: keep tasks whose ``metadata["family"]`` (the mutation, see
+          ``envs.swe.mutate.FAMILIES``) is one of these; None keeps all.
+        - ``repos``: keep tasks of these repositories; None keeps all.
+        - ``bug_pattern``: keep tasks whose gold patch removes a line matching this regular
+          expression (the buggy line), e.g. ``"not \\("`` for negated conditions.
+        - ``max_issue_chars``: cut the issue text to this many characters (0: whole).
+        - ``demo_probe``: the shell command the demonstration runs first, instead of the
+          failing tests' files (e.g. a search that finds the bug).
+        - ``demo_edit``: ``"hunk"``: the demonstration replaces the gold patch's hunks with
+          their context; ``"line"``: only the changed line, stripped, with the path relative to
+          the workspace, where that text is unique in the file (else the hunk).
+        - ``grade_empty_patch``: False scores an empty diff 0 without grading it (a task's base
+          fails its tests: ``agentrl swe validate`` checks it), which saves a sandbox and a
+          test run per idle rollout.
+        - ``system_prompt``: replaces the mode's system prompt (empty: ``TOOLS_PROMPT`` or
+          ``BASH_PROMPT``); ``tool_names``: the SWE tools offered in tools mode (None: all of
+          bash, str_replace_editor, search, python, submit). A small model's prompt stays short.
+        """
         if mode not in ("tools", "bash"):
             raise ConfigError(f"swe/Repo-v0: mode must be 'tools' or 'bash', got {mode!r}")
+        if demo_edit not in ("hunk", "line"):
+            raise ConfigError(f"swe/Repo-v0: demo_edit must be 'hunk' or 'line', got {demo_edit!r}")
+        if max_issue_chars < 0:
+            raise ConfigError(f"swe/Repo-v0: max_issue_chars must be >= 0, got {max_issue_chars}")
         if not repos_dir and not repo_envs:
             raise ConfigError(
                 "swe/Repo-v0 needs repos_dir= (the folder `agentrl swe prepare` filled) or "
                 "repo_envs= (repo name -> RepoEnv)"
             )
-        self.tasks = _load(tasks)
+        self.tasks = select(_load(tasks), families=families, repos=repos, bug_pattern=bug_pattern)
         if not self.tasks:
             raise ConfigError(f"swe/Repo-v0: no tasks in {tasks!r}")
+        self.max_issue_chars = max_issue_chars
+        self.demo_probe = demo_probe
+        self.demo_edit: DemoEdit = demo_edit
+        self.grade_empty_patch = grade_empty_patch
         self.repos_dir = repos_dir
         self.repo_envs = {
             name: e if isinstance(e, RepoEnv) else _repo_env(name, e)
@@ -170,10 +212,21 @@ class SWEEnv(Env):
         self.sandbox: Sandbox | None = None
         self.task: SWETask | None = None
         self._root = ""
+        self.system_prompt = system_prompt or (TOOLS_PROMPT if mode == "tools" else BASH_PROMPT)
         if mode == "tools":
+            from agentrl.tool import ToolSet
             from tools.swe import swe_toolset
 
             self.tools = swe_toolset()
+            if tool_names is not None:
+                unknown = sorted(set(tool_names) - set(self.tools.names))
+                if unknown or "submit" not in tool_names:
+                    raise ConfigError(
+                        f"swe/Repo-v0: tool_names={tool_names} must name some of "
+                        f"{self.tools.names}, submit included (unknown: {unknown})"
+                    )
+                chosen = [self.tools[n] for n in self.tools.names if n in tool_names]
+                self.tools = ToolSet(chosen, name="swe")
 
     # --- episode --------------------------------------------------------------------------
     def repo_env(self, task: SWETask) -> RepoEnv:
@@ -213,12 +266,18 @@ class SWEEnv(Env):
         task = pool[int(self.np_random.integers(len(pool)))]
         self.task = task
         self.sandbox, self._root = await self._new_sandbox(task, self.sandbox_prefix)
-        prompt = TOOLS_PROMPT if self.mode == "tools" else BASH_PROMPT
         obs = [
-            Message(role="system", content=prompt),
-            Message(role="user", content=f"<issue>\n{task.problem_statement.strip()}\n</issue>"),
+            Message(role="system", content=self.system_prompt),
+            Message(role="user", content=f"<issue>\n{self.issue_text(task)}\n</issue>"),
         ]
         return obs, {"task_key": task.repo, "instance_id": task.instance_id}
+
+    def issue_text(self, task: SWETask) -> str:
+        """The issue the model sees, cut to ``max_issue_chars`` (head kept, a marker at the end)."""
+        text = task.problem_statement.strip()
+        if self.max_issue_chars and len(text) > self.max_issue_chars:
+            return text[: self.max_issue_chars].rstrip() + "\n[... issue cut ...]"
+        return text
 
     def task_key(self, observation: Observation, info: Info) -> str:
         """The repository: train and eval tasks never share one."""
@@ -342,10 +401,11 @@ class SWEEnv(Env):
             )
             present = have.stdout.split()
             run = f"python -m pytest -q -x {' '.join(shlex.quote(f) for f in present)}"
+            probes = [self.demo_probe] if self.demo_probe else [run] if present else []
             apply = f"git apply <<'AGENTRL_PATCH'\n{task.patch.rstrip()}\nAGENTRL_PATCH"
             if self.mode == "bash":
-                return await self._bash_demo(sb, [run] if present else [], apply)
-            return await self._tools_demo(sb, [run] if present else [], task.patch)
+                return await self._bash_demo(sb, probes, apply)
+            return await self._tools_demo(sb, probes, task.patch)
 
     async def _bash_demo(self, sb: Sandbox, probes: list[str], apply: str) -> list[Message]:
         out: list[Message] = []
@@ -358,12 +418,13 @@ class SWEEnv(Env):
     async def _tools_demo(self, sb: Sandbox, probes: list[str], patch: str) -> list[Message]:
         assert self.tools is not None
         calls = [ToolCall(name="bash", arguments={"command": c}) for c in probes]
-        for path, old, new in await _edits(sb, patch):
+        for path, old, new, line in await _edits(sb, patch, lines=self.demo_edit == "line"):
             if old is None:  # not expressible as a unique replacement
                 args = {"command": f"git apply <<'AGENTRL_PATCH'\n{new.rstrip()}\nAGENTRL_PATCH"}
                 calls.append(ToolCall(name="bash", arguments=args))
             else:
-                args = {"command": "str_replace", "path": f"{sb.workdir}/{path}"}
+                where = path if line else f"{sb.workdir}/{path}"
+                args = {"command": "str_replace", "path": where}
                 calls.append(
                     ToolCall(
                         name="str_replace_editor", arguments=args | {"old_str": old, "new_str": new}
@@ -394,6 +455,9 @@ class SWEEnv(Env):
         """Grade the workspace now: the episode's last step (also used at the loop's limit)."""
         assert self.task is not None and self.sandbox is not None
         patch = await self.diff()
+        if not patch.strip() and not self.grade_empty_patch:
+            empty = {"resolved": False, "reward": 0.0, "graded": False, "model_patch": ""}
+            return list(obs or []), 0.0, True, False, {"success": False, "report": empty}
         report = await grade(
             self.task,
             patch,
@@ -420,32 +484,83 @@ class SWEEnv(Env):
                 await sb.close()
 
 
-async def _edits(sb: Sandbox, patch: str) -> list[tuple[str, str | None, str]]:
-    """A patch as editor replacements: (path, old text, new text) per hunk, or (path, None,
-    the file's section of the patch) where a hunk adds or deletes a file or its old text is
-    not unique in the file."""
+def select(
+    tasks: list[SWETask],
+    *,
+    families: list[str] | None = None,
+    repos: list[str] | None = None,
+    bug_pattern: str = "",
+) -> list[SWETask]:
+    """The tasks of a curriculum (see ``SWEEnv.__init__``); an empty result is a ConfigError
+    that says how many tasks each filter kept."""
+    from envs.swe.mutate import FAMILIES
+
+    unknown = sorted(set(families or ()) - set(FAMILIES))
+    if unknown:
+        raise ConfigError(
+            f"swe/Repo-v0: unknown mutation families {unknown}; families must be some of "
+            f"{', '.join(FAMILIES)}"
+        )
+    try:
+        pattern = re.compile(bug_pattern) if bug_pattern else None
+    except re.error as e:
+        raise ConfigError(f"swe/Repo-v0: bug_pattern {bug_pattern!r} is not a regex: {e}") from None
+    kept, counts = list(tasks), [f"{len(tasks)} tasks"]
+    if families is not None:
+        kept = [t for t in kept if t.metadata.get("family") in families]
+        counts.append(f"{len(kept)} of families {list(families)}")
+    if repos is not None:
+        kept = [t for t in kept if t.repo in repos]
+        counts.append(f"{len(kept)} of repos {list(repos)}")
+    if pattern is not None:
+        kept = [t for t in kept if any(pattern.search(ln) for ln in _removed_lines(t.patch))]
+        counts.append(f"{len(kept)} whose gold patch removes a line matching {bug_pattern!r}")
+    if not kept:
+        raise ConfigError(
+            f"swe/Repo-v0: the curriculum keeps no task ({' -> '.join(counts)}); widen "
+            "families, repos or bug_pattern"
+        )
+    return kept
+
+
+def _removed_lines(patch: str) -> list[str]:
+    return [ln[1:] for ln in patch.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+
+
+async def _edits(
+    sb: Sandbox, patch: str, *, lines: bool = False
+) -> list[tuple[str, str | None, str, bool]]:
+    """A patch as editor replacements: (path, old text, new text, False) per hunk, or (path,
+    None, the file's section of the patch, False) where a hunk adds or deletes a file or its
+    old text is not unique in the file. ``lines``: a hunk that changes one line becomes
+    (path, old line stripped, new line stripped, True) where the old line is unique."""
     from envs.swe.grade import split_patch
 
-    out: list[tuple[str, str | None, str]] = []
+    out: list[tuple[str, str | None, str, bool]] = []
     for paths, section in split_patch(patch):
         path = paths[-1] if paths else ""
         hunks = re.split(r"^@@[^\n]*@@[^\n]*\n", section, flags=re.MULTILINE)[1:]
         if not hunks or "\nnew file mode" in section or "\ndeleted file mode" in section:
-            out.append((path, None, section))
+            out.append((path, None, section, False))
             continue
         try:
             text = (await sb.read_file(path)).decode()
         except Exception:
-            out.append((path, None, section))
+            out.append((path, None, section, False))
             continue
-        pairs = []
+        edits: list[tuple[str, str, bool]] = []
         for h in hunks:
-            lines = [ln for ln in h.splitlines(keepends=True) if not ln.startswith("\\")]
-            old = "".join(ln[1:] for ln in lines if ln[:1] in (" ", "-"))
-            new = "".join(ln[1:] for ln in lines if ln[:1] in (" ", "+"))
-            pairs.append((old, new))
-        if all(text.count(old) == 1 for old, _ in pairs):
-            out.extend((path, old, new) for old, new in pairs)
+            hunk = [ln for ln in h.splitlines(keepends=True) if not ln.startswith("\\")]
+            minus = [ln[1:].strip() for ln in hunk if ln[:1] == "-"]
+            plus = [ln[1:].strip() for ln in hunk if ln[:1] == "+"]
+            if lines and len(minus) == len(plus) == 1 and minus[0] and text.count(minus[0]) == 1:
+                edits.append((minus[0], plus[0], True))
+                continue
+            old = "".join(ln[1:] for ln in hunk if ln[:1] in (" ", "-"))
+            new = "".join(ln[1:] for ln in hunk if ln[:1] in (" ", "+"))
+            edits.append((old, new, False))
+        if all(text.count(old) == 1 for old, _, _ in edits):
+            out.extend((path, old, new, line) for old, new, line in edits)
         else:
-            out.append((path, None, section))
+            out.append((path, None, section, False))
     return out

@@ -188,3 +188,36 @@ async def test_the_oracle_demonstration_solves_the_task_when_replayed(
         assert done and reward == 1.0, info["report"]
     finally:
         await env.aclose()
+
+
+async def test_an_empty_patch_scores_zero_ungraded_when_grade_empty_patch_is_off(
+    chatml: ChatTemplate, swe_sample: Any
+) -> None:
+    traj = await run(chatml, ["I think it is fine."], swe_sample(grade_empty_patch=False))
+    assert traj.status is RolloutStatus.COMPLETED and traj.reward == 0.0 and traj.trainable
+    assert traj.report == {"resolved": False, "reward": 0.0, "graded": False, "model_patch": ""}
+
+
+async def test_a_curriculum_demonstration_runs_its_probe_and_still_solves_the_task(
+    swe_sample: Any,
+) -> None:
+    """demo_probe replaces the test run; demo_edit=line falls back to the hunk here, since the
+    calc repo's buggy line (``return a - b``) is also sub's."""
+    from agentrl.env import make_env
+
+    sample = swe_sample(demo_probe="git grep -n 'a - b' -- calc", demo_edit="line")
+    env = make_env(sample.env_id, **sample.env_kwargs)
+    try:
+        await env.areset(seed=0)
+        demo = await env.ademonstration()
+        assert demo is not None
+        actions = [m for m in demo if m.role == "assistant"]
+        assert actions[0].tool_calls[0].arguments == {"command": "git grep -n 'a - b' -- calc"}
+        assert "calc/ops.py:2:    return a - b" in demo[1].text
+        edit = actions[1].tool_calls[0].arguments
+        assert edit["path"] == "/workspace/calc/ops.py" and "def add" in edit["old_str"]
+        for action in actions:
+            _, reward, done, _, info = await env.astep(action)
+        assert done and reward == 1.0, info["report"]
+    finally:
+        await env.aclose()

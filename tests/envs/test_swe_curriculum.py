@@ -1,0 +1,113 @@
+"""swe/Repo-v0's curriculum options: task filters, a short prompt, short demonstrations.
+
+The filters and prompt options need no sandbox; the line-edit demonstration is checked on a
+stand-in sandbox that only reads files (the replay through real sandboxes is in
+tests/agents/test_swe_agent.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from agentrl.errors import ConfigError
+from agentrl.splits import split_of
+from envs.swe.env import SWEEnv, _edits, _removed_lines, select
+from envs.swe.task import SWETask, load_tasks
+
+TASKS = Path(__file__).parents[2] / "data" / "swe" / "tasks.jsonl"
+FAMILY, PATTERN = ["negate_condition"], r"not \("
+
+
+def test_the_negated_condition_curriculum_keeps_whole_repositories_apart() -> None:
+    kept = select(load_tasks(TASKS), families=FAMILY, bug_pattern=PATTERN)
+    assert {t.metadata["family"] for t in kept} == {"negate_condition"}
+    assert all(any("not (" in ln for ln in _removed_lines(t.patch)) for t in kept)
+    by_split = Counter(split_of(t.repo) for t in kept)
+    assert by_split == {"train": 44, "eval": 18}
+    train = {t.repo for t in kept if split_of(t.repo) == "train"}
+    assert train.isdisjoint({t.repo for t in kept if split_of(t.repo) == "eval"})
+
+
+def test_filters_compose_and_an_empty_curriculum_says_what_each_kept() -> None:
+    tasks = load_tasks(TASKS)
+    six = select(tasks, repos=["six"], families=["negate_condition"])
+    assert six and {t.repo for t in six} == {"six"}
+    with pytest.raises(ConfigError, match=r"530 tasks -> \d+ of families .* -> 0 of repos"):
+        select(tasks, families=["negate_condition"], repos=["no-such-repo"])
+    with pytest.raises(ConfigError, match=r"unknown mutation families.*negate"):
+        select(tasks, families=["negate"])
+    with pytest.raises(ConfigError, match="bug_pattern 'not \\(' is not a regex"):
+        select(tasks, bug_pattern="not (")
+
+
+def _env(**kw: object) -> SWEEnv:
+    return SWEEnv(str(TASKS), repos_dir="/nonexistent", **kw)  # type: ignore[arg-type]
+
+
+def test_prompt_options_shorten_what_the_model_reads() -> None:
+    env = _env(system_prompt="Fix it.", tool_names=["bash", "submit"], max_issue_chars=50)
+    assert env.system_prompt == "Fix it." and env.tools is not None
+    assert env.tools.names == ["bash", "submit"]
+    task = max(env.tasks, key=lambda t: len(t.problem_statement))
+    text = env.issue_text(task)
+    assert text.endswith("[... issue cut ...]") and len(text) < 50 + 25
+    assert _env().issue_text(task) == task.problem_statement.strip()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"tool_names": ["bash"]}, "submit included"),
+        ({"tool_names": ["bash", "submit", "grep"]}, "unknown: \\['grep'\\]"),
+        ({"demo_edit": "lines"}, "demo_edit must be 'hunk' or 'line'"),
+        ({"max_issue_chars": -1}, "max_issue_chars must be >= 0"),
+    ],
+)
+def test_bad_curriculum_options_are_config_errors(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        _env(**kw)
+
+
+class _Files:
+    """Only what ``_edits`` uses of a sandbox: reading a file."""
+
+    def __init__(self, files: dict[str, str]) -> None:
+        self.files = files
+
+    async def read_file(self, path: str) -> bytes:
+        return self.files[path].encode()
+
+
+PATCH = """diff --git a/pkg/mod.py b/pkg/mod.py
+--- a/pkg/mod.py
++++ b/pkg/mod.py
+@@ -1,4 +1,4 @@
+ def f(x):
+-    if not (x):
++    if x:
+         return 1
+     return 2
+"""
+
+
+def test_a_line_demonstration_replaces_only_the_changed_line_where_it_is_unique() -> None:
+    src = "def f(x):\n    if not (x):\n        return 1\n    return 2\n"
+    sb = _Files({"pkg/mod.py": src})
+    [line] = asyncio.run(_edits(sb, PATCH, lines=True))  # type: ignore[arg-type]
+    assert line == ("pkg/mod.py", "if not (x):", "if x:", True)
+    [hunk] = asyncio.run(_edits(sb, PATCH))  # type: ignore[arg-type]
+    assert hunk[1] is not None and hunk[1].startswith("def f(x):\n") and hunk[3] is False
+    twice = {"pkg/mod.py": src + "\n\ndef g(x):\n    if not (x):\n        return 0\n"}
+    [fallback] = asyncio.run(_edits(_Files(twice), PATCH, lines=True))  # type: ignore[arg-type]
+    assert fallback[3] is False and fallback[1] is not None and "return 1" in fallback[1]
+
+
+def test_tasks_without_a_family_are_dropped_by_a_family_filter() -> None:
+    row = load_tasks(TASKS)[0]
+    bare = SWETask(**{**{f: getattr(row, f) for f in row.__slots__}, "metadata": {}})
+    with pytest.raises(ConfigError, match="keeps no task"):
+        select([bare], families=["negate_condition"])
