@@ -7,6 +7,7 @@ agentrl tools list | serve | mcp       registered tools; serve a ToolSet over HT
 agentrl train RECIPE key=value ...     RL training (GRPO/PPO); --resume continues a run
 agentrl sft RECIPE ... / eval ...      supervised warm-up / evaluation
 agentrl model tiny PATH                build a tiny local model + tokenizer (no hub needed)
+agentrl view PATH [--port P]           browse a run's trajectories, token by token (web page)
 """
 
 from __future__ import annotations
@@ -83,9 +84,11 @@ def _register_commands() -> None:
     from agentrl.mcp import tools_mcp
     from agentrl.rollout.cli import rollout
     from agentrl.toolserver.cli import tools_serve
+    from agentrl.viewer.cli import view
 
     app.command("serve")(serve)
     app.command("rollout")(rollout)
+    app.command("view")(view)
     tools_app.command("serve")(tools_serve)
     envs_app.command("serve")(envs_serve)
     tools_app.command("mcp")(tools_mcp)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what the sandbox backends need on Debian/Ubuntu: bubblewrap for the local backend;
-# with --docker also docker.io (the engine) and debootstrap (to build a base image offline).
+# with --docker also docker.io (the engine) and debootstrap (to build a base image offline);
+# with --browser also chromium (Debian's, driven by Playwright in the browser tests).
 # With --image, build the docker backend's default image (agentrl/bookworm-python: Debian
 # bookworm minbase + python3, git, procps) with debootstrap + docker import, once; it needs a
 # running dockerd and a reachable Debian mirror, and caches the root filesystem under
@@ -8,13 +9,15 @@
 # Idempotent and quiet: what is already present is skipped. Needs root (or sudo).
 set -euo pipefail
 
-usage="usage: $0 [--docker] [--image]"
+usage="usage: $0 [--docker] [--image] [--browser]"
 want_docker=0
 want_image=0
+want_browser=0
 for arg in "$@"; do
   case "$arg" in
     --docker) want_docker=1 ;;
     --image) want_image=1; want_docker=1 ;;
+    --browser) want_browser=1 ;;
     -h|--help) echo "$usage"; exit 0 ;;
     *) echo "unknown argument: $arg ($usage)" >&2; exit 2 ;;
   esac
@@ -50,6 +53,10 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 if [ "$want_docker" = 1 ]; then
   command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
   command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+fi
+if [ "$want_browser" = 1 ]; then
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  command -v setpriv >/dev/null 2>&1 || need+=(util-linux)  # runs chromium as nobody under root
 fi
 
 if [ "${#need[@]}" -eq 0 ]; then

@@ -15,6 +15,7 @@ RunConfig
 ├── inference   inference servers: backend (embedded, vLLM, SGLang), count, placement, sync
 ├── checkpoint  where / how often / how many
 ├── logging     console / JSONL / TensorBoard / Weights & Biases
+├── trajectories  a sample of each step's trajectories for `agentrl view`, under a disk cap
 ├── sft         warm-up on env demonstrations before RL
 └── eval        evaluation before / after / during training
 
@@ -44,6 +45,7 @@ from agentrl.splits import DEFAULT_EVAL_FRACTION, check_fraction
 from agentrl.types import Sample
 from trainers.checkpoint import CheckpointManager
 from trainers.engines.megatron.config import MegatronConfig
+from trainers.trajectory_log import TrajectoryLog
 
 
 @dataclass(kw_only=True)
@@ -363,6 +365,8 @@ class RunConfig:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     checkpoint: CheckpointManager.Config = field(default_factory=CheckpointManager.Config)
     logging: MetricsLogger.Config = field(default_factory=MetricsLogger.Config)
+    trajectories: TrajectoryLog.Config = field(default_factory=TrajectoryLog.Config)
+    """A sample of each step's trajectories for `agentrl view` (<run_dir>/trajectories)."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -397,6 +401,7 @@ class RunConfig:
         _validate_names(self)
         _validate_algo_options(self)
         self.logging.validate()
+        self.trajectories.validate()
         self.reward.build_rubric()
 
 

@@ -5,6 +5,7 @@
     step:   collect groups (seeded, streaming) -> [remax: greedy baselines] -> TrainBatch
             -> [overlong penalty / filter] -> old/ref logprobs, values, [rollout IS weights]
             -> rewards (+KL) -> advantages -> critic + policy update -> [adaptive KL coef]
+            -> [a sample of the trajectories for `agentrl view`]
             -> weight sync (inference.weight_sync: ipc by default, version+1) -> metrics
             -> checkpoint every N
     end:    eval -> export HF -> reward curve PNG + summary.json
@@ -71,6 +72,7 @@ from trainers.runtime import (
 from trainers.serving import Fleet
 from trainers.sft import warm_up
 from trainers.shaping import apply_overlong, length_penalty
+from trainers.trajectory_log import TrajectoryLog
 from trainers.updates import report_skipped_updates
 from trainers.workers import ActorWorker, CriticUpdate, CriticWorker, PolicyUpdate, RefWorker
 
@@ -99,6 +101,7 @@ class Trainer:
         self._owns_ray = False
         self.fleet: Fleet | None = None
         self.metrics_log: MetricsLogger | None = None
+        self.trajectory_log = TrajectoryLog(cfg.trajectories, self.run_dir)
 
     # ------------------------------------------------------------------ the whole run
     def run(self) -> dict[str, Any]:
@@ -177,6 +180,7 @@ class Trainer:
             metrics |= self.advantages(batch)
         with self.timer.time("update"):
             metrics |= self.update(batch)
+        self.trajectory_log.write(step, groups, batch)  # for `agentrl view`
         report_skipped_updates(metrics, step)
         if self.ref is not None:  # the coefficient of the next step (adaptive controller)
             self.kl_ctl.update(metrics["train/kl"], n_steps=int(batch.sample_mask.sum()))

@@ -9,6 +9,7 @@ reproduces step 2 exactly.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -104,6 +105,19 @@ def test_quickstart_smoke_parity_weights_and_exact_resume(tmp_path: Path, ray_lo
     assert Path(summary["reward_curve"]).is_file()
     assert (cfg.run_dir / "hf" / "config.json").is_file()
     assert (cfg.run_dir / "sft_model" / "agentrl_sft.json").is_file()
+    # What `agentrl view` shows, written by default: both groups of each step, with advantages
+    # and the trainer's logprobs (equal to the server's on the sampled tokens).
+    for step in (1, 2):
+        logged = (cfg.run_dir / "trajectories" / f"step_{step:06d}.jsonl").read_text()
+        records = [json.loads(line) for line in logged.splitlines()]
+        assert [r["group_index"] for r in records] == [0, 0, 1, 1]
+        for r in records:
+            seg, lps = r["segments"][0], r["trainer_logprobs"][0]
+            assert isinstance(r["advantages"][0], float)
+            gen = [
+                (a, b) for a, b, m in zip(lps, seg["logprobs"], seg["loss_mask"], strict=True) if m
+            ]
+            assert gen and all(abs(a - b) <= 1e-3 for a, b in gen)
 
     # Resume from the step-1 checkpoint: step 2 must be the same step 2.
     shutil.rmtree(cfg.run_dir / "checkpoints" / "step_000002")

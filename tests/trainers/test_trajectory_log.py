@@ -1,0 +1,79 @@
+"""Training's sample of each step for `agentrl view`: whole groups, advantages, trainer
+logprobs beside the rollout's, and the disk cap that deletes the oldest step files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrl.batch import TrainBatch
+from agentrl.errors import ConfigError
+from agentrl.rollout.io import load_trajectories
+from agentrl.types import TrajectoryGroup
+from tests.viewer.runs import trajectory
+from trainers.config import load_run_config
+from trainers.trajectory_log import TrajectoryLog
+
+
+def scored_batch(groups: list[TrajectoryGroup]) -> TrainBatch:
+    batch = TrainBatch.from_groups(groups, pad_token_id=0)
+    batch["old_logprobs"] = batch.rollout_logprobs - 0.25 * batch.loss_mask  # (B, T)
+    batch["advantages"] = (batch["rewards"] - 0.5)[:, None]  # (B, 1), like GRPO
+    return batch
+
+
+def groups(n: int) -> list[TrajectoryGroup]:
+    return [
+        TrajectoryGroup(
+            uid=f"g{g}",
+            trajectories=[
+                trajectory(answer="84", reward=float(k), env="e/E-v0", uid=f"g{g}", version=3)
+                for k in (0, 1)
+            ],
+        )
+        for g in range(n)
+    ]
+
+
+def test_writes_whole_groups_with_advantages_and_trainer_logprobs(tmp_path: Path) -> None:
+    gs = groups(3)
+    log = TrajectoryLog(TrajectoryLog.Config(per_step=3), tmp_path)
+    path = log.write(7, gs, scored_batch(gs))
+    assert path == tmp_path / "trajectories" / "step_000007.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["group_index"] for r in rows] == [0, 0, 1, 1]  # 3 rounded up to whole groups
+    assert {r["step"] for r in rows} == {7}
+    assert [r["advantages"] for r in rows] == [[-0.5], [0.5], [-0.5], [0.5]]
+    seg = rows[0]["segments"][0]
+    lps = rows[0]["trainer_logprobs"][0]
+    assert len(lps) == len(seg["token_ids"])
+    for lp, rollout, m in zip(lps, seg["logprobs"], seg["loss_mask"], strict=True):
+        assert lp == pytest.approx(rollout - 0.25 * m if m else rollout, abs=1e-4)
+    assert len(load_trajectories(path)) == 4  # still plain trajectories to every reader
+
+
+def test_disk_cap_removes_the_oldest_steps(tmp_path: Path) -> None:
+    gs = groups(1)
+    batch = scored_batch(gs)
+    one = TrajectoryLog(TrajectoryLog.Config(), tmp_path).write(1, gs, batch)
+    assert one is not None
+    mb = one.stat().st_size / 1e6
+    log = TrajectoryLog(TrajectoryLog.Config(max_total_mb=2.5 * mb), tmp_path)
+    for step in range(2, 6):
+        log.write(step, gs, batch)
+    names = sorted(p.name for p in (tmp_path / "trajectories").iterdir())
+    assert names == ["step_000004.jsonl", "step_000005.jsonl"]
+    assert TrajectoryLog(TrajectoryLog.Config(per_step=0), tmp_path).write(9, gs, batch) is None
+
+
+def test_config_keys_are_validated() -> None:
+    cfg = load_run_config(None, ["data.envs=[{id: arith/Calculator-v0}]"])
+    assert (cfg.trajectories.per_step, cfg.trajectories.max_total_mb) == (16, 256.0)
+    with pytest.raises(ConfigError, match=r"trajectories\.per_step"):
+        load_run_config(None, ["data.envs=[{id: arith/Calculator-v0}]", "trajectories.per_step=-1"])
+    with pytest.raises(ConfigError, match=r"trajectories\.max_total_mb"):
+        load_run_config(
+            None, ["data.envs=[{id: arith/Calculator-v0}]", "trajectories.max_total_mb=0"]
+        )

@@ -1,0 +1,125 @@
+"""Write a sample of each RL step's trajectories for `agentrl view`, under a disk cap.
+
+    Trainer.step -> groups + scored TrainBatch (old_logprobs, advantages)
+        -> TrajectoryLog.write(step, groups, batch) -> <run_dir>/trajectories/step_000042.jsonl
+
+Each line is ``Trajectory.to_dict()`` (so ``load_trajectories`` reads the files back) plus
+what only the trainer knows:
+
+    step              the RL step
+    group_index       the group's index in the step (its members share it)
+    advantages        per segment: the mean advantage over its loss tokens (None: no loss tokens)
+    trainer_logprobs  per segment, per token: the trainer's recomputed logprob of the token
+                      (0.0 where there is none), beside the ledger's rollout ``logprobs``
+
+Whole groups are kept (the first ``ceil(per_step / group_size)`` of the step), so the viewer
+can show a group side by side. A step file is written to a temporary name and renamed, so a
+viewer following a live run never reads half a file. Past ``max_total_mb`` the oldest step
+files are deleted (like ``checkpoint.keep_last``); the newest step is always kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.batch import TrainBatch
+from agentrl.errors import ConfigError
+from agentrl.types import TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+
+DIR_NAME = "trajectories"
+"""The folder under the run directory that holds the step files."""
+
+
+class TrajectoryLog:
+    """Writes ``trajectories.per_step`` trajectories of every step to ``<run_dir>/trajectories``."""
+
+    @dataclass(kw_only=True)
+    class Config:
+        per_step: int = 16
+        """Trajectories written per RL step (rounded up to whole groups; 0: none)."""
+        max_total_mb: float = 256.0
+        """Disk cap of the folder; past it the oldest step files are deleted."""
+
+        def validate(self) -> None:
+            if self.per_step < 0:
+                raise ConfigError(
+                    f"trajectories.per_step must be >= 0 (0 writes none), got {self.per_step}"
+                )
+            if not self.max_total_mb > 0:
+                raise ConfigError(
+                    f"trajectories.max_total_mb must be > 0, got {self.max_total_mb}; "
+                    "try 256, or trajectories.per_step=0 to write none"
+                )
+
+    def __init__(self, cfg: TrajectoryLog.Config, run_dir: str | Path) -> None:
+        self.cfg = cfg
+        self.dir = Path(run_dir) / DIR_NAME
+
+    def write(self, step: int, groups: list[TrajectoryGroup], batch: TrainBatch) -> Path | None:
+        """Write step ``step``'s sample; returns the file (None when nothing was written)."""
+        if self.cfg.per_step <= 0 or not groups:
+            return None
+        size = max(1, len(groups[0].trajectories))
+        keep = groups[: math.ceil(self.cfg.per_step / size)]
+        rows = _rows_by_segment(batch)
+        lines = []
+        for gi, g in enumerate(keep):
+            for t in g.trajectories:
+                d = t.to_dict()
+                advs, lps, row = [], [], 0  # batch rows count non-empty segments only
+                for seg in t.segments:
+                    adv, lp = rows.get((t.id, row), (None, None)) if len(seg) else (None, [])
+                    row += int(len(seg) > 0)
+                    advs.append(adv)
+                    lps.append(lp if lp is not None else [0.0] * len(seg))
+                d |= {
+                    "step": step,
+                    "group_index": gi,
+                    "advantages": advs,
+                    "trainer_logprobs": lps,
+                }
+                lines.append(json.dumps(d) + "\n")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"step_{step:06d}.jsonl"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(lines))
+        tmp.replace(path)
+        self._enforce_cap(path)
+        return path
+
+    def _enforce_cap(self, newest: Path) -> None:
+        cap = self.cfg.max_total_mb * 1e6
+        files = sorted(self.dir.glob("step_*.jsonl"))
+        total = sum(f.stat().st_size for f in files)
+        for f in files:
+            if total <= cap or f == newest:
+                break
+            total -= f.stat().st_size
+            f.unlink()
+            logger.debug("trajectories.max_total_mb: removed %s", f)
+
+
+def _rows_by_segment(batch: TrainBatch) -> dict[tuple[str, int], tuple[Any, list[float]]]:
+    """(trajectory id, segment index) -> (mean advantage over loss tokens, trainer logprobs)."""
+    out: dict[tuple[str, int], tuple[Any, list[float]]] = {}
+    if "old_logprobs" not in batch:
+        return out
+    mask = batch["loss_mask"].float()  # (B, T)
+    lp = batch["old_logprobs"].float()  # (B, T)
+    adv = batch["advantages"].float() if "advantages" in batch else None  # (B, T) or (B, 1)
+    lengths = batch["seq_lens"].tolist()  # (B,)
+    for b, row in enumerate(batch.rows):
+        n = int(lengths[b])
+        a: float | None = None
+        if adv is not None and mask[b].sum() > 0:
+            a_b = adv[b].expand_as(mask[b]) if adv.shape[1] == 1 else adv[b]
+            a = round(float((a_b * mask[b]).sum() / mask[b].sum()), 6)
+        out[(row.trajectory_id, row.segment_index)] = (a, [round(x, 5) for x in lp[b, :n].tolist()])
+    return out
