@@ -14,6 +14,7 @@
     ├── SandboxError                a sandbox failed            -> RolloutStatus.ERROR_SANDBOX
     ├── InferenceError              a server failed or refused  -> RolloutStatus.ERROR_INFERENCE
     │   ├── ServerUnavailableError  no healthy server left to try
+    │   ├── StreamBrokenError       a stream broke after tokens were handed out (not retried)
     │   └── AbortedError            the request was aborted (pause / partial rollout)
     ├── RewardError                 a reward function failed    -> RolloutStatus.ERROR_REWARD
     ├── TokenizationError           a chat template broke the token ledger's assumptions
@@ -120,6 +121,15 @@ class InferenceError(AgentRLError):
 
 class ServerUnavailableError(InferenceError):
     pass
+
+
+class StreamBrokenError(InferenceError):
+    """A streamed generation broke after some tokens had been handed out. It is not retried
+    elsewhere (the caller has already seen those tokens); ``output_ids`` are what arrived."""
+
+    def __init__(self, message: str, output_ids: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.output_ids = list(output_ids)
 
 
 class AbortedError(InferenceError):

@@ -24,6 +24,11 @@ the kind of divergence is counted in ``ctx.metrics`` (``gateway_rewrite_<kind>``
 
 Streaming is real when the generator is a ``StreamingGenerator``: content deltas leave as the
 tokens arrive (text that could still turn into a tool call or a stop string is held back).
+Stop strings are ours on every backend: the server is not sent them; the reply streams in,
+and at the token that completes one, ``generate_stream(cut=...)`` aborts the request, so the
+ledger holds exactly the ids sampled up to it. ``top_logprobs`` are the server's (a generator
+that cannot report them gets a 400). A stream that breaks after tokens arrived is an error
+event for the agent and ``error_inference`` for the trajectory, its tokens at loss mask 0.
 Errors are OpenAI error objects. Each request and response is kept in ``session.log``
 (``Trajectory.report["gateway"]``), for the trajectory viewer.
 """
@@ -43,9 +48,15 @@ from typing import Any
 from aiohttp import web
 
 from agentrl.agent import RolloutContext, RolloutStop
-from agentrl.errors import AbortedError, InferenceError
+from agentrl.errors import AbortedError, InferenceError, StreamBrokenError
 from agentrl.inference import openai_chat as oc
-from agentrl.inference.protocol import Completion, SamplingParams, StreamingGenerator
+from agentrl.inference.protocol import (
+    Completion,
+    Cut,
+    SamplingParams,
+    StreamingGenerator,
+    cut_completion,
+)
 from agentrl.tool_parsers import get_tool_parser
 from agentrl.types import JSON, Message, RolloutStatus
 
@@ -74,20 +85,38 @@ class GatewayContext(RolloutContext):
         return oc.reply_message(text, finish_reason, parser, self.tools_on)
 
     async def call_model(self, input_ids: list[int], sampling: SamplingParams) -> Completion:
+        """Generate; with stop strings, stream and end the request at the token that completes
+        one (every backend: the server is never asked to detokenize)."""
         on_tokens = self.on_tokens
-        if on_tokens is None or not isinstance(self.generator, StreamingGenerator):
-            return await super().call_model(input_ids, sampling)
+        cut = stop_cut(self.template.decode, self.stops) if self.stops else None
+        if (on_tokens is None and cut is None) or not isinstance(
+            self.generator, StreamingGenerator
+        ):
+            c = await super().call_model(input_ids, sampling)
+            n = cut(c.output_ids) if cut is not None else None
+            return c if n is None else cut_completion(c, n)
         final: Completion | None = None
         async for item in self.generator.generate_stream(
-            input_ids, sampling, session_id=self.session_id
+            input_ids, sampling, session_id=self.session_id, cut=cut
         ):
             if isinstance(item, Completion):
                 final = item
-            else:
+            elif on_tokens is not None:
                 on_tokens(item)
         if final is None:
             raise InferenceError("the generator's stream ended without a Completion")
         return final
+
+    def record_broken(self, e: StreamBrokenError) -> None:
+        """A stream broke mid-reply: its tokens go into the ledger with loss mask 0 (the
+        reply never reached the conversation) and the segment is closed."""
+        if self.ledger.segments:
+            seg = self.ledger.segments[-1]
+            seg.extend_prompt(e.output_ids)
+            self.ledger.raw_segments.add(len(self.ledger.segments) - 1)  # not a render now
+        self.new_segment()
+        self.metrics["gateway_stream_broken"] = 1.0
+        self.metrics["gateway_stream_broken_tokens"] = float(len(e.output_ids))
 
     def rewrite(self, messages: list[Message], tools: list[JSON] | None, kind: str) -> None:
         """Replace the conversation (the harness rewrote it): the next prompt is a new segment."""
@@ -115,6 +144,25 @@ class GatewayContext(RolloutContext):
                 out.append((i, self.template.check_ledger(conv, seg.token_ids, self.ledger.tools)))
             first = end
         return out
+
+
+def stop_cut(decode: Callable[[list[int]], str], stops: tuple[str, ...]) -> Cut:
+    """A ``cut`` for ``generate_stream``: the number of tokens up to and including the one
+    that completes a stop string. Each token is checked once, on a window of the last tokens
+    wide enough to hold the longest stop string."""
+    width = max(len(s) for s in stops) + 2
+    checked = 0
+
+    def cut(ids: list[int]) -> int | None:
+        nonlocal checked
+        for j in range(checked, len(ids)):
+            tail = decode(ids[max(0, j + 1 - width) : j + 1])
+            if any(s in tail for s in stops):
+                return j + 1
+        checked = len(ids)
+        return None
+
+    return cut
 
 
 def _same(a: Message, b: Message) -> bool:
@@ -201,10 +249,14 @@ class GatewaySession:
         return kind
 
     def _sampling(self, req: oc.ChatRequest) -> SamplingParams:
+        """The request's sampling. Stop strings are not sent: ``GatewayContext`` cuts at them."""
         sp = self.ctx.sampling
+        top = self._top_logprobs(req)
         stop_ids = (*sp.stop_token_ids, *(req.stop_token_ids or ()))
         if not self.honor_sampling:
-            return dataclasses.replace(sp, stop_token_ids=stop_ids, stop=req.stops)
+            if stop_ids == sp.stop_token_ids and top == sp.top_logprobs:
+                return sp
+            return dataclasses.replace(sp, stop_token_ids=stop_ids, top_logprobs=top)
         if req.ignore_eos:  # only the request's own stop ids end it
             stop_ids = tuple(req.stop_token_ids or ())
         return dataclasses.replace(
@@ -215,8 +267,24 @@ class GatewaySession:
             top_k=req.top_k if req.top_k > 0 else sp.top_k,
             seed=req.seed if req.seed is not None else sp.seed,
             stop_token_ids=stop_ids,
-            stop=req.stops,
+            top_logprobs=top,
         )
+
+    def _top_logprobs(self, req: oc.ChatRequest) -> int:
+        """How many alternatives to ask the server for; a 400 where it cannot give them."""
+        if not (req.logprobs and req.top_logprobs):
+            return 0
+        gen = self.ctx.generator
+        if not getattr(gen, "supports_top_logprobs", False):
+            raise oc.OpenAIError(
+                f"top_logprobs={req.top_logprobs}: this rollout's generator "
+                f"({type(gen).__name__}) does not report alternative tokens. Send logprobs "
+                "without top_logprobs, or generate through InferenceClient (the embedded "
+                "server, SGLang or vLLM).",
+                param="top_logprobs",
+                code="top_logprobs_unsupported",
+            )
+        return req.top_logprobs
 
     async def complete(
         self, req: oc.ChatRequest, on_tokens: Callable[[list[int]], None] | None = None
@@ -229,15 +297,34 @@ class GatewaySession:
                     status=409,
                     code="trajectory_ended",
                 )
+            if isinstance(self.failure, StreamBrokenError):
+                raise oc.OpenAIError(
+                    f"this trajectory failed (status error_inference): {self.failure}",
+                    status=502,
+                    type="server_error",
+                    code="trajectory_failed",
+                )
             msgs = oc.request_messages(req)
             ctx = self.ctx
             saved = ctx.sampling
+            sampling = self._sampling(req)
             kind = self._sync(msgs, req.tools)
             ctx.stops, ctx.tools_on = req.stops, bool(req.tools) and req.tool_choice != "none"
-            ctx.sampling, ctx.on_tokens = self._sampling(req), on_tokens
+            ctx.sampling, ctx.on_tokens = sampling, on_tokens
             self.requests += 1
             try:
                 reply = await ctx.generate(max_new_tokens=req.limit)
+            except StreamBrokenError as e:
+                self.failure = e
+                ctx.record_broken(e)
+                raise oc.OpenAIError(
+                    f"the inference server's stream broke after {len(e.output_ids)} tokens "
+                    f"({e}); the partial reply is not returned and this trajectory ends with "
+                    "status error_inference",
+                    status=502,
+                    type="server_error",
+                    code="upstream_stream_broken",
+                ) from None
             except RolloutStop as e:
                 self.stop = e
                 code = (
@@ -257,13 +344,21 @@ class GatewaySession:
             seg = ctx.ledger.segments[-1]
             prompt_ids = seg.token_ids[: len(seg) - len(c.output_ids)]
             reason = "stop" if ctx.stop_hit else reply.finish_reason
+            if sampling.top_logprobs and c.output_top_logprobs is None:
+                raise oc.OpenAIError(
+                    f"top_logprobs={sampling.top_logprobs} was asked for, but the inference "
+                    f"server ({c.server or 'the generator'}) returned none",
+                    status=502,
+                    type="server_error",
+                    code="top_logprobs_missing",
+                )
             return _Answer(reply.message, reason, c, prompt_ids, kind)
 
     def body(self, req: oc.ChatRequest, a: _Answer, id: str | None = None) -> JSON:
         """The non-streaming response body."""
         c = a.completion
         extra = {"prompt_token_ids": a.prompt_ids, "token_ids": c.output_ids}
-        lp = self.logprobs(c) if req.logprobs else None
+        lp = self.logprobs(c, req.top_logprobs) if req.logprobs else None
         return oc.chat_completion(
             req.model or self.model,
             [
@@ -275,8 +370,11 @@ class GatewaySession:
             id=id,
         )
 
-    def logprobs(self, c: Completion) -> JSON:
-        return oc.logprobs_json(self.ctx.template.decode, c.output_ids, c.output_logprobs)
+    def logprobs(self, c: Completion, top: int = 0) -> JSON:
+        rows = None
+        if top and c.output_top_logprobs is not None:
+            rows = [row[:top] for row in c.output_top_logprobs]
+        return oc.logprobs_json(self.ctx.template.decode, c.output_ids, c.output_logprobs, rows)
 
     def record(self, req: JSON, resp: JSON, status: int, t0: float, a: _Answer | None) -> None:
         entry: JSON = {
@@ -480,7 +578,7 @@ class Gateway:
         if a.message.tool_calls:
             calls = [oc.tool_call_json(tc, i) for i, tc in enumerate(a.message.tool_calls)]
             await resp.write(oc.sse(oc.chunk(cid, model, created, {"tool_calls": calls})))
-        lp = s.logprobs(a.completion) if req.logprobs else None
+        lp = s.logprobs(a.completion, req.top_logprobs) if req.logprobs else None
         finish = oc.finish_reason(a.reason, a.message)
         await resp.write(oc.sse(oc.chunk(cid, model, created, {}, finish=finish, logprobs=lp)))
         use = oc.usage(len(a.prompt_ids), len(a.completion.output_ids))

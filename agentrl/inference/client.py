@@ -21,6 +21,12 @@ round, and finishes 2,000 requests sent at once in 0.74-1.46x raw aiohttp's wall
 httpx2 it spent 1.57-2.33 ms per request and 24-53 s on the 2,000 (raw httpx2 alone: 1.13-2.34
 ms, 18-72 s; raw aiohttp: 0.27-0.45 ms, 2.0-10.0 s): the cost is inside httpx2.
 
+``generate_stream`` hands out token ids as the server samples them (the gateway's streaming):
+a stream that fails before its first token fails over like ``generate``; one that breaks
+after tokens were handed out raises ``StreamBrokenError`` (the caller has seen those tokens,
+so it is not retried). Its ``cut`` stops one request early by rid (the gateway's stop
+strings, on every backend).
+
 Outcomes: an aborted request (``/abort_request``, ``pause(mode="abort")``) is *returned* as a
 ``Completion`` with ``finish_reason="abort"`` and the tokens generated so far, so a partial
 rollout can be kept or resumed; it is not raised. A 4xx (bad request) raises
@@ -36,6 +42,7 @@ import logging
 import math
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -43,11 +50,16 @@ from typing import Any, Literal, TypeVar
 import httpx2
 import torch
 
-from agentrl.errors import ConfigError, InferenceError, ServerUnavailableError
+from agentrl.errors import (
+    ConfigError,
+    InferenceError,
+    ServerUnavailableError,
+    StreamBrokenError,
+)
 from agentrl.http import bearer_headers
 from agentrl.inference.backends import Dialect, make_dialect, split_backend_url
-from agentrl.inference.backends.base import error_message
-from agentrl.inference.protocol import Completion, SamplingParams
+from agentrl.inference.backends.base import StreamAnswer, error_message
+from agentrl.inference.protocol import Completion, Cut, SamplingParams, cut_completion
 from agentrl.inference.transport import TransportFailure, TransportName, make_transport
 from agentrl.inference.weights import WeightsChecksum, safetensors_buckets
 from agentrl.inference.wire import parse_weight_version
@@ -79,6 +91,9 @@ class InferenceClient:
         done = await client.generate(ids, SamplingParams(max_new_tokens=64), session_id="traj-7")
         await client.aclose()
     """
+
+    supports_top_logprobs = True
+    """Every dialect returns top-k alternatives (``SamplingParams.top_logprobs``)."""
 
     @dataclass(kw_only=True)
     class Config:
@@ -213,32 +228,87 @@ class InferenceClient:
             server = self._failover(server, tried, session_id, problem)
 
     async def generate_stream(
-        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+        cut: Cut | None = None,
     ) -> AsyncIterator[list[int] | Completion]:
         """``generate``, with the new token ids handed out as the server samples them, then
-        the Completion (``StreamingGenerator``). A backend whose generate cannot stream (vLLM's
-        token mode) answers in one piece. No failover once a stream has started."""
+        the Completion (``StreamingGenerator``).
+
+        ``cut(ids_so_far)`` returning n aborts the request on its server (``/abort_request``
+        by rid) and the Completion holds exactly the first n tokens, ``finish_reason="stop"``.
+        A request that fails before its first token fails over like ``generate`` (sticky
+        re-pin); one that breaks after tokens were handed out raises ``StreamBrokenError``
+        with those tokens (never retried: the caller has seen them).
+        """
         server = self._pick(session_id)
-        body = server.dialect.stream_body(input_ids, sampling, self.cfg.return_logprob)
-        if body is None:
-            c = await self.generate(input_ids, sampling, session_id=session_id)
-            yield list(c.output_ids)
-            yield c
-            return
-        server.inflight += 1
-        start = time.perf_counter()
-        last: dict[str, Any] | None = None
-        seen = 0
+        tried: list[_Server] | None = None
+        while True:
+            dialect = server.dialect
+            rid = uuid.uuid4().hex
+            body = dialect.stream_body(input_ids, sampling, self.cfg.return_logprob, rid)
+            if body is None:  # this backend answers in one piece
+                c = await self.generate(input_ids, sampling, session_id=session_id)
+                n = cut(c.output_ids) if cut is not None else None
+                c = c if n is None else cut_completion(c, n)
+                yield list(c.output_ids)
+                yield c
+                return
+            answer = StreamAnswer()
+            state: list[int | None] = [None]  # where cut() ended the answer
+            start = time.perf_counter()
+            server.inflight += 1
+            try:
+                async for new in self._stream(server, body, answer, rid, cut, state):
+                    yield new
+                problem = None
+            except _Retry as e:
+                problem = str(e)
+            finally:
+                server.inflight -= 1
+            if problem is None:
+                done = dialect.stream_completion(answer, server.url, time.perf_counter() - start)
+                if done is not None:
+                    yield done if state[0] is None else cut_completion(done, state[0])
+                    return
+                if answer.ids:
+                    raise StreamBrokenError(
+                        f"{server.url} ended the stream after {len(answer.ids)} tokens without "
+                        "finishing the answer",
+                        answer.ids,
+                    )
+                problem = "the stream ended without an answer"
+            tried = [server] if tried is None else [*tried, server]
+            server = self._failover(server, tried, session_id, problem)
+
+    async def _stream(
+        self,
+        server: _Server,
+        body: bytes,
+        answer: StreamAnswer,
+        rid: str,
+        cut: Cut | None,
+        state: list[int | None],
+    ) -> AsyncIterator[list[int]]:
+        """One streamed attempt: yields new ids; ``_Retry`` when nothing came and another
+        server may take the request; ``StreamBrokenError`` when it broke after tokens."""
+        dialect = server.dialect
         try:
             async with self._http.stream(
                 "POST", server.generate_url, content=body, headers=_JSON
             ) as r:
                 if r.status_code != 200:
                     resp = httpx2.Response(r.status_code, content=await r.aread())
-                    raise InferenceError(
-                        f"{server.url} refused the streamed request ({r.status_code}): "
-                        f"{error_message(resp)}"
-                    )
+                    message = error_message(resp)
+                    if r.status_code < 500:
+                        raise InferenceError(
+                            f"{server.url} refused the streamed request ({r.status_code}): "
+                            f"{message}"
+                        )
+                    raise _Retry(f"HTTP {r.status_code}: {message}")
                 async for line in r.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -247,19 +317,27 @@ class InferenceClient:
                         break
                     event = json.loads(data)
                     if "error" in event:
-                        raise InferenceError(f"{server.url} failed the stream: {event['error']}")
-                    ids = event.get("output_ids") or []
-                    if len(ids) > seen:
-                        yield list(ids[seen:])
-                        seen = len(ids)
-                    last = event
-        except httpx2.HTTPError as e:
-            raise InferenceError(f"{server.url}: the stream broke: {type(e).__name__}: {e}") from e
-        finally:
-            server.inflight -= 1
-        if last is None:
-            raise InferenceError(f"{server.url} ended the stream without an answer")
-        yield server.dialect.completion(last, server.url, time.perf_counter() - start)
+                        raise _Retry(f"the server failed the stream: {error_text(event)}")
+                    new = dialect.stream_event(event, answer)
+                    if not new or state[0] is not None:
+                        continue
+                    yield list(new)
+                    n = cut(answer.ids) if cut is not None else None
+                    if n is not None:
+                        state[0] = n
+                        try:
+                            await dialect.abort(self._http, server.url, rid)
+                        except InferenceError as e:  # it runs to its own end instead
+                            logger.warning("could not abort %s on %s: %s", rid, server.url, e)
+        except (httpx2.HTTPError, _Retry) as e:
+            problem = str(e) if isinstance(e, _Retry) else f"{type(e).__name__}: {e}"
+            if answer.ids:
+                raise StreamBrokenError(
+                    f"{server.url}: the stream broke after {len(answer.ids)} tokens ({problem}); "
+                    "the partial answer is not retried",
+                    answer.ids,
+                ) from e
+            raise _Retry(problem) from e
 
     def _pick(self, session_id: str | None) -> _Server:
         if session_id is not None:
@@ -437,3 +515,12 @@ class InferenceClient:
 
 def _load(s: _Server) -> int:
     return s.inflight
+
+
+class _Retry(Exception):
+    """A streamed attempt failed before its first token: another server may take it."""
+
+
+def error_text(event: dict[str, Any]) -> str:
+    err = event.get("error")
+    return str(err.get("message", err)) if isinstance(err, dict) else str(err)

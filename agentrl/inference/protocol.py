@@ -10,7 +10,8 @@ module holds the in-process types the rest of agentrl codes against, so nothing 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import dataclasses
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -34,9 +35,13 @@ class SamplingParams:
     ignore_eos: bool = False
     """Keep sampling past the model's EOS (benchmarks; an agent's ``ignore_eos``)."""
     stop: tuple[str, ...] = ()
-    """Stop strings (the gateway passes an agent's ``stop``). SGLang and the embedded server
-    stop on them (the ids keep the tokens that hold the string); vLLM's token mode cannot, and
-    the gateway cuts the reply's text at the string instead."""
+    """Stop strings, for servers that detokenize (SGLang and the embedded server stop on them;
+    the ids keep the tokens that hold the string). vLLM's token mode cannot; the gateway does
+    not send them but cuts the stream itself (``StreamingGenerator.generate_stream(cut=...)``),
+    which works on every backend."""
+    top_logprobs: int = 0
+    """Also return the ``top_logprobs`` most likely tokens at each position
+    (``Completion.output_top_logprobs``); 0: only the sampled token's logprob."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +57,8 @@ class Completion:
     server: str = ""  # which server answered (for sticky routing and metrics)
     latency_s: float = 0.0
     output_versions: list[int] = field(default_factory=list)  # [C]; empty: all weight_version
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    """[C][k] (logprob, token id), most likely first, when ``SamplingParams.top_logprobs`` > 0."""
 
 
 @runtime_checkable
@@ -67,12 +74,19 @@ class Generator(Protocol):
     ) -> Completion: ...
 
 
+Cut = Callable[[list[int]], "int | None"]
+"""Called with the output ids so far; a number n ends the request after its first n tokens."""
+
+
 @runtime_checkable
 class StreamingGenerator(Protocol):
     """A Generator that can also hand out tokens as they are sampled (the gateway streams them).
 
     ``generate_stream`` yields lists of new token ids as they arrive, then exactly one
-    ``Completion`` (the whole completion, as ``generate`` returns it) last.
+    ``Completion`` (the whole completion, as ``generate`` returns it) last. With ``cut``, it
+    is called after each arrival with all the ids so far; when it returns n, the request is
+    stopped on the server and the Completion holds exactly the first n sampled tokens (with
+    their logprobs and versions) and ``finish_reason="stop"`` (the gateway's stop strings).
     """
 
     def generate_stream(
@@ -81,4 +95,18 @@ class StreamingGenerator(Protocol):
         sampling: SamplingParams,
         *,
         session_id: str | None = None,
+        cut: Cut | None = None,
     ) -> AsyncIterator[list[int] | Completion]: ...
+
+
+def cut_completion(c: Completion, n: int) -> Completion:
+    """``c`` ending after its first ``n`` tokens, stopped (a stop string ended there)."""
+    top = c.output_top_logprobs
+    return dataclasses.replace(
+        c,
+        output_ids=c.output_ids[:n],
+        output_logprobs=c.output_logprobs[:n],
+        output_versions=c.output_versions[:n],
+        output_top_logprobs=top[:n] if top is not None else None,
+        finish_reason="stop",
+    )

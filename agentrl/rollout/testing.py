@@ -22,7 +22,7 @@ from typing import Any
 
 from agentrl.chat import ChatTemplate
 from agentrl.errors import InferenceError
-from agentrl.inference.protocol import Completion, SamplingParams
+from agentrl.inference.protocol import Completion, Cut, SamplingParams, cut_completion
 from agentrl.tiny import CHATML_TOOLS_TEMPLATE
 
 # Template variants of the tiny ChatML template, for testing token-ledger code:
@@ -116,13 +116,23 @@ class ScriptedGenerator(_Scripted):
         )
 
     async def generate_stream(
-        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+        cut: Cut | None = None,
     ) -> AsyncIterator[list[int] | Completion]:
-        """The same completion, one token at a time, ``token_delay_s`` apart (a slow server)."""
+        """The same completion, one token at a time, ``token_delay_s`` apart (a slow server);
+        ``cut`` ends it early as ``StreamingGenerator`` says."""
         c = await self.generate(input_ids, sampling, session_id=session_id)
-        for t in c.output_ids:
+        for i, t in enumerate(c.output_ids):
             await asyncio.sleep(self.token_delay_s)
             yield [t]
+            n = cut(c.output_ids[: i + 1]) if cut is not None else None
+            if n is not None:
+                yield cut_completion(c, n)
+                return
         yield c
 
 

@@ -3,6 +3,7 @@ launcher's command line and the digests that mirror vLLM's fused parameters."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 
@@ -14,7 +15,7 @@ from agentrl.inference.backends import make_dialect, split_backend_url
 from agentrl.inference.backends.sglang import SGLangDialect
 from agentrl.inference.backends.vllm import VLLMDialect, VLLMDigests, VLLMServer
 from agentrl.inference.client import InferenceClient
-from agentrl.inference.protocol import SamplingParams
+from agentrl.inference.protocol import Completion, SamplingParams
 
 
 def test_request_body_is_vllm_token_api() -> None:
@@ -144,3 +145,90 @@ def test_serve_execs_the_backend_with_flags(monkeypatch: pytest.MonkeyPatch, tmp
     assert seen[1][1][1:3] == ["-m", "sglang.launch_server"]
     with pytest.raises(ConfigError, match="only"):
         cli.serve(tmp_path, backend="embedded", extra=["--foo"])
+
+
+def test_top_logprobs_ask_one_more_and_sort_by_rank() -> None:
+    d = VLLMDialect()
+    body = json.loads(d.request_body([1], SamplingParams(top_logprobs=2), True))
+    assert body["sampling_params"]["logprobs"] == 3  # the sampled token is listed first
+    entry = {
+        "token_id": 9,
+        "logprob": -3.0,
+        "rank": 4,
+        "top_logprobs": [  # vLLM's order: the sampled token, then the best others
+            {"token_id": 9, "logprob": -3.0, "rank": 4},
+            {"token_id": 1, "logprob": -0.1, "rank": 1},
+            {"token_id": 2, "logprob": -1.0, "rank": 2},
+        ],
+    }
+    data = {
+        "choices": [{"token_ids": [9], "finish_reason": "length", "logprobs": {"content": [entry]}}]
+    }
+    c = d.completion(data, "u", 0.0)
+    assert c.output_top_logprobs == [[(-0.1, 1), (-1.0, 2), (-3.0, 9)]]  # the caller keeps k
+
+
+async def test_a_vllm_stream_is_cut_and_aborted_by_its_request_id() -> None:
+    """A stand-in for vLLM's generate route (its stream shape, as ``serving.py`` writes it)."""
+    from aiohttp import web
+
+    seen: dict[str, object] = {}
+    aborted = asyncio.Event()
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen["body"] = body
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        rid = body["request_id"]
+        for i in range(50):
+            if aborted.is_set():
+                chunk = {"finish_reason": "abort", "token_ids": [], "weight_versions": [
+                    {"version": "3", "start": 0, "end": i}]}  # fmt: skip
+            else:
+                lp = {"content": [{"token_id": 10 + i, "logprob": -i / 10}]}
+                chunk = {"token_ids": [10 + i], "logprobs": lp, "finish_reason": None}
+            event = {"request_id": f"generate-tokens-{rid}", "choices": [{"index": 0, **chunk}]}
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+            if aborted.is_set():
+                break
+            await asyncio.sleep(0.01)
+        usage = {"prompt_tokens": 3, "completion_tokens": i, "total_tokens": 3 + i}
+        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def abort(request: web.Request) -> web.Response:
+        seen["abort"] = (await request.json())["request_ids"]
+        aborted.set()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/inference/v1/generate", generate)
+    app.router.add_post("/inference/v1/abort_requests", abort)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with InferenceClient([f"vllm+http://127.0.0.1:{port}"]) as client:
+            items = [
+                x
+                async for x in client.generate_stream(
+                    [1, 2, 3],
+                    SamplingParams(max_new_tokens=50),
+                    cut=lambda ids: 4 if len(ids) >= 6 else None,
+                )
+            ]
+    finally:
+        await runner.cleanup()
+    body = seen["body"]
+    assert isinstance(body, dict) and body["stream"] is True and body["output_mode"] == "tokens"
+    assert seen["abort"] == [f"generate-tokens-{body['request_id']}"]
+    done = items[-1]
+    assert isinstance(done, Completion)
+    assert done.output_ids == [10, 11, 12, 13] and done.finish_reason == "stop"
+    assert done.output_logprobs == [0.0, -0.1, -0.2, -0.3]
+    assert done.weight_version == 3 and done.prompt_tokens == 3
+    assert sum(len(x) for x in items[:-1] if isinstance(x, list)) == 6  # nothing after the cut

@@ -2,6 +2,10 @@
 
     generate (hot path): request_body(ids, sampling, return_logprob) -> bytes
                          POST url + generate_path -> completion(json, url, latency) -> Completion
+    streamed generate:   stream_body(ids, sampling, return_logprob, rid) -> bytes
+                         each SSE event -> stream_event(event, StreamAnswer) -> new token ids
+                         the end -> stream_completion(StreamAnswer, url, latency) -> Completion
+                         abort(http, url, rid): stop that one request (the stream then ends)
     control (cold path): pause / resume / abort_all / load_from_disk / weight_version,
                          each one async call against one server with a shared httpx2 client
 
@@ -21,6 +25,21 @@ from agentrl.inference.protocol import Completion, SamplingParams
 PauseMode = Literal["abort", "in_place", "retract"]
 
 
+class StreamAnswer:
+    """What one streamed answer has delivered so far (filled in by ``Dialect.stream_event``)."""
+
+    __slots__ = ("final", "finish", "ids", "logprobs", "prompt_tokens", "spans", "top")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []  # [C] so far
+        self.logprobs: list[float] = []  # [C] so far, where the backend streams them
+        self.top: list[list[tuple[float, int]]] = []  # [C][k] so far, likewise
+        self.final: dict[str, Any] | None = None  # the event that ended the answer
+        self.finish: str | None = None
+        self.spans: list[Any] = []  # weight-version spans (vLLM)
+        self.prompt_tokens = 0
+
+
 class Dialect(ABC):
     """How the client talks to one kind of inference server. Subclass per backend."""
 
@@ -34,11 +53,25 @@ class Dialect(ABC):
         """The JSON body of one generate request (token ids in)."""
 
     def stream_body(
-        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
+        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool, rid: str
     ) -> bytes | None:
-        """The body of a streamed generate request; None: this backend's generate does not
-        stream in token mode (the client then answers in one piece)."""
+        """The body of a streamed generate request with request id ``rid``; None: this
+        backend's generate does not stream (the client then answers in one piece)."""
         return None
+
+    def stream_event(self, event: dict[str, Any], answer: StreamAnswer) -> list[int]:
+        """Fold one SSE event into ``answer``; the token ids it added."""
+        raise NotImplementedError(f"the {self.name} dialect does not stream")
+
+    def stream_completion(
+        self, answer: StreamAnswer, server: str, latency: float
+    ) -> Completion | None:
+        """The Completion of a finished stream (None: the stream never said it finished)."""
+        raise NotImplementedError(f"the {self.name} dialect does not stream")
+
+    async def abort(self, http: httpx2.AsyncClient, url: str, rid: str) -> None:
+        """Abort one request (its stream then ends with what was sampled so far)."""
+        raise NotImplementedError(f"the {self.name} dialect cannot abort one request")
 
     @abstractmethod
     def completion(self, data: dict[str, Any], server: str, latency: float) -> Completion:

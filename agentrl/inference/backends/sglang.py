@@ -1,9 +1,14 @@
 """SGLang's native API as a dialect (the embedded server speaks it too), and an SGLang launcher.
 
-    request:  POST /generate {"input_ids", "sampling_params", "return_logprob"}
+    request:  POST /generate {"input_ids", "sampling_params", "return_logprob",
+              "top_logprobs_num" (when asked)}
     answer:   {"output_ids", "meta_info": {"output_token_logprobs": [[lp, id, text], ...],
+               "output_top_logprobs": [[[lp, id, text], ...], ...] (when asked),
                "finish_reason": {"type": stop|length|abort}, "prompt_tokens", "weight_version"}}
+    stream:   the same with "stream": true and "rid": SSE events with the output ids so far;
+              the one with meta_info.finish_reason set is the whole answer; then [DONE]
     control:  /pause_generation {"mode"}  /continue_generation  /abort_request {"abort_all"}
+              /abort_request {"rid"} (one request: its stream ends with what was sampled)
               /update_weights_from_disk {"model_path", "weight_version"}  /get_weight_version
 
 The field names follow SGLang's ``GenerateReqInput`` and ``UpdateWeightFromDiskReqInput``
@@ -33,7 +38,7 @@ from typing import Any
 
 import httpx2
 
-from agentrl.inference.backends.base import Dialect, PauseMode, call
+from agentrl.inference.backends.base import Dialect, PauseMode, StreamAnswer, call
 from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import Completion, FinishReason, SamplingParams
 from agentrl.inference.wire import parse_weight_version
@@ -51,28 +56,52 @@ class SGLangDialect(Dialect):
     def request_body(
         self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
     ) -> bytes:
-        return json.dumps(
-            {
-                "input_ids": input_ids,
-                "sampling_params": self._sampling_dict(sampling),
-                "return_logprob": return_logprob,
-            },
-            separators=(",", ":"),
-        ).encode()
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": self._sampling_dict(sampling),
+            "return_logprob": return_logprob,
+        }
+        if sampling.top_logprobs:
+            body["top_logprobs_num"] = sampling.top_logprobs
+        return json.dumps(body, separators=(",", ":")).encode()
 
     def stream_body(
-        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
+        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool, rid: str
     ) -> bytes:
-        """SSE events, each with the output ids so far (SGLang's default, cumulative)."""
-        return json.dumps(
-            {
-                "input_ids": input_ids,
-                "sampling_params": self._sampling_dict(sampling),
-                "return_logprob": return_logprob,
-                "stream": True,
-            },
-            separators=(",", ":"),
-        ).encode()
+        """SSE events, each with the output ids so far (SGLang's default, cumulative); the
+        last one (``meta_info.finish_reason`` set) is the whole answer."""
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": self._sampling_dict(sampling),
+            "return_logprob": return_logprob,
+            "stream": True,
+            "rid": rid,
+        }
+        if sampling.top_logprobs:
+            body["top_logprobs_num"] = sampling.top_logprobs
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    def stream_event(self, event: dict[str, Any], answer: StreamAnswer) -> list[int]:
+        ids = event.get("output_ids") or []
+        new = ids[len(answer.ids) :]
+        answer.ids = ids
+        meta = event.get("meta_info") or {}
+        lps = meta.get("output_token_logprobs")
+        if lps:
+            answer.logprobs = [x[0] for x in lps]
+        if meta.get("finish_reason"):
+            answer.final = event
+        return new  # type: ignore[no-any-return]
+
+    def stream_completion(
+        self, answer: StreamAnswer, server: str, latency: float
+    ) -> Completion | None:
+        if answer.final is None:
+            return None
+        return self.completion(answer.final, server, latency)
+
+    async def abort(self, http: httpx2.AsyncClient, url: str, rid: str) -> None:
+        await call(http, "POST", url + "/abort_request", json={"rid": rid})
 
     def _sampling_dict(self, s: SamplingParams) -> dict[str, Any]:
         d = self._sp_cache.get(s)
@@ -113,6 +142,7 @@ class SGLangDialect(Dialect):
             server=server,
             latency_s=latency,
             output_versions=meta.get("output_token_weight_versions") or [],
+            output_top_logprobs=_top_rows(meta.get("output_top_logprobs")),
         )
 
     async def pause(self, http: httpx2.AsyncClient, url: str, mode: PauseMode) -> None:
@@ -138,6 +168,13 @@ class SGLangDialect(Dialect):
     async def weight_version(self, http: httpx2.AsyncClient, url: str) -> int:
         out = await call(http, "GET", url + "/get_weight_version")
         return parse_weight_version(out.get("weight_version") if isinstance(out, dict) else out)
+
+
+def _top_rows(rows: list[Any] | None) -> list[list[tuple[float, int]]] | None:
+    """``meta_info.output_top_logprobs`` ([[logprob, id, text], ...] per token) as pairs."""
+    if rows is None:
+        return None
+    return [[(x[0], x[1]) for x in row] if row else [] for row in rows]
 
 
 class SGLangServer(ServerProcess):

