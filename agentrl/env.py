@@ -169,15 +169,15 @@ class Env(gym.Env[Observation, Message], metaclass=ABCMeta):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, Info]:
         """``areset`` run to completion, for sync callers (not from inside an event loop)."""
-        return _run_sync(self.areset(seed=seed, options=options))
+        return run_sync(self.areset(seed=seed, options=options))
 
     def step(self, action: Message) -> StepResult:
         """``astep`` run to completion, for sync callers (not from inside an event loop)."""
-        return _run_sync(self.astep(action))
+        return run_sync(self.astep(action))
 
     def close(self) -> None:
         """``aclose`` run to completion, for sync callers (not from inside an event loop)."""
-        _run_sync(self.aclose())
+        run_sync(self.aclose())
 
     def task_key(self, observation: Observation, info: Info) -> str:
         """What names the task just drawn by reset; its hash decides the train/eval split.
@@ -207,15 +207,17 @@ class Env(gym.Env[Observation, Message], metaclass=ABCMeta):
         return self.demonstration()
 
 
-def _run_sync(coro: Coroutine[Any, Any, R]) -> R:
+def run_sync(coro: Coroutine[Any, Any, R]) -> R:
+    """Run an env coroutine from sync code (the sync ``reset``/``step``/``close``); from inside
+    a running event loop it raises, naming the async method to await instead."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
     coro.close()  # never started: no "coroutine was never awaited" warning on top of the error
     raise RuntimeError(
-        "called a sync Env method (reset/step/close) from inside a running event loop; await "
-        "areset()/astep()/aclose() instead (inside areset(), seed with "
+        "called a sync Env method (reset/step/close/demonstration) from inside a running event "
+        "loop; await areset()/astep()/aclose()/ademonstration() instead (inside areset(), seed with "
         "`await super().areset(seed=seed)`)"
     )
 

@@ -53,7 +53,7 @@ import gymnasium as gym
 import httpx2
 from gymnasium.envs.registration import EnvSpec
 
-from agentrl.env import Env, Info, Observation, StepResult
+from agentrl.env import Env, Info, Observation, StepResult, run_sync
 from agentrl.envserver.conn import ConnPool, TransportError
 from agentrl.envserver.server import PROTOCOL_HEADER, PROTOCOL_VERSION
 from agentrl.envserver.wire import MEDIA_TYPE, unpack
@@ -454,7 +454,8 @@ class RemoteEnv(Env):
         self.tools = RemoteEnvTools(self, schemas) if schemas else None
         self.session: RemoteSession | None = None
         self._task_key: str | None = None
-        self._demonstration: list[Message] | None = None
+        self._demonstration: list[Message] | None = None  # this episode's, once fetched
+        self._demonstration_fetched = False
 
     def __repr__(self) -> str:
         where = self.session.server.url if self.session is not None else "no session"
@@ -484,8 +485,7 @@ class RemoteEnv(Env):
         gym.Env.reset(self, seed=seed)
         out = await self._request("reset", {"seed": seed, "options": options})
         self._task_key = out.get("task_key")
-        demo = out.get("demonstration")
-        self._demonstration = None if demo is None else [Message.from_openai(m) for m in demo]
+        self._demonstration, self._demonstration_fetched = None, False
         return [Message.from_openai(m) for m in out["observation"]], dict(out.get("info") or {})
 
     async def astep(self, action: Message) -> StepResult:
@@ -506,8 +506,22 @@ class RemoteEnv(Env):
     def task_key(self, observation: Observation, info: Info) -> str:
         return self._task_key if self._task_key is not None else super().task_key(observation, info)
 
-    def demonstration(self) -> list[Message] | None:
+    async def ademonstration(self) -> list[Message] | None:
+        """The served env's ``ademonstration()`` for this episode, fetched once per reset."""
+        if self.session is None:
+            return None  # not reset yet: no episode to demonstrate
+        if not self._demonstration_fetched:
+            demo = (await self._request("demonstration", {}))["demonstration"]
+            self._demonstration = None if demo is None else [Message.from_openai(m) for m in demo]
+            self._demonstration_fetched = True
         return self._demonstration
+
+    def demonstration(self) -> list[Message] | None:
+        """``ademonstration()`` from sync code (``envs check``); inside an event loop, await
+        ``ademonstration()`` instead."""
+        if self._demonstration_fetched:
+            return self._demonstration
+        return run_sync(self.ademonstration())
 
 
 def make_remote_env(spec: str, **kwargs: Any) -> RemoteEnv:

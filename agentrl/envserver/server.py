@@ -5,7 +5,7 @@
     # or: agentrl envs serve games/GuessNumber-v0 --port 8780 --token "$T"
 
     GET    /health (no auth)             {"ok", "envs", "protocol"}
-    GET    /protocol                     {"protocol": 1, "server": "agentrl-env"}  (handshake)
+    GET    /protocol                     {"protocol": 2, "server": "agentrl-env"}  (handshake)
     GET    /envs                         the env ids served, with descriptions
     POST   /describe    {env_id, kwargs} {tools, nondeterministic, max_episode_steps}
     POST   /sessions    {env_id, kwargs, protocol} -> {session_id, session_token, tools, ...}
@@ -14,6 +14,8 @@
     GET    /sessions                     the open sessions (id, env id, steps, idle seconds)
     POST   /sessions/{id}/reset  {seed, options, request_id}        -> frame
     POST   /sessions/{id}/step   {action, request_id}               -> frame
+    POST   /sessions/{id}/demonstration {request_id}   -> frame {demonstration} (the env's
+                                  ``ademonstration()`` for the current episode, on request)
     POST   /sessions/{id}/tools/call {name, arguments, id, request_id} -> frame (a ToolResult)
     DELETE /sessions/{id}                closes the session and its env
     POST   /sessions/close {sessions: [{id, token}, ...]} -> {closed}  (many at once)
@@ -90,7 +92,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the demonstration has its own route instead of riding on reset
 """Bumped when a route or a frame changes incompatibly; client and server must agree."""
 PROTOCOL_HEADER = "X-Agentrl-Env-Protocol"
 
@@ -126,6 +128,10 @@ class CloseRequest(_Body):
 
 class StepRequest(_Body):
     action: dict[str, Any]
+    request_id: str = ""
+
+
+class DemonstrationRequest(_Body):
     request_id: str = ""
 
 
@@ -397,13 +403,17 @@ class EnvServer:
     async def _reset(self, s: EnvSession, req: ResetRequest) -> JSON:
         self.stats[s.env_id].resets += 1
         obs, info = await s.env.areset(seed=req.seed, options=req.options)
-        demo = s.env.demonstration()
         return {
             "observation": [Message.coerce(m).to_openai() for m in obs],
             "info": info,
             "task_key": s.env.task_key(obs, info),
-            "demonstration": None if demo is None else [m.to_openai() for m in demo],
         }
+
+    async def _demonstration(self, s: EnvSession) -> JSON:
+        """The oracle for the current episode, only when asked: most resets never need it,
+        and some oracles (SWE) act in the env's sandbox to record what it shows."""
+        demo = await s.env.ademonstration()
+        return {"demonstration": None if demo is None else [m.to_openai() for m in demo]}
 
     async def _step(self, s: EnvSession, req: StepRequest) -> JSON:
         self.stats[s.env_id].steps += 1
@@ -560,12 +570,17 @@ class _HotRoutes:
             elif n == 3 and parts[2] == "close":
                 close = srv._parse(CloseRequest, await _read(receive))
                 await _answer(send, 200, _JSON, _dumps(await srv.close_many(close)))
-            elif n == 4 and parts[3] in ("reset", "step"):
+            elif n == 4 and parts[3] in ("reset", "step", "demonstration"):
                 sid, body = parts[2], await _read(receive)
                 if parts[3] == "step":
                     step = srv._parse(StepRequest, body)
                     frame = await srv._run(
                         sid, step.request_id, "step", lambda s: srv._step(s, step)
+                    )
+                elif parts[3] == "demonstration":
+                    demo = srv._parse(DemonstrationRequest, body)
+                    frame = await srv._run(
+                        sid, demo.request_id, "demonstration", srv._demonstration
                     )
                 else:
                     reset = srv._parse(ResetRequest, body)

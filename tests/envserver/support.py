@@ -94,7 +94,27 @@ class BrokenEnv(SyncEnv):
         raise RuntimeError("the env broke")
 
 
+class OracleEnv(SyncEnv):
+    """Its oracle is async only (it must act to know what the env shows, as SWE's does) and
+    counts its calls: a remote reset must not run it, a remote SFT must."""
+
+    oracle_calls = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        self.secret = int(self.np_random.integers(0, 100))
+        return [Message(role="user", content="say the secret")], {}
+
+    def step(self, action: Message) -> Any:
+        return [], float(action.text == str(self.secret)), True, False, {}
+
+    async def ademonstration(self) -> list[Message] | None:
+        type(self).oracle_calls += 1
+        return [Message(role="assistant", content=str(self.secret))]
+
+
 register_env("test-envserver/Screen-v0", ScreenEnv)
+register_env("test-envserver/Oracle-v0", OracleEnv)
 register_env("test-envserver/Clock-v0", ClockEnv)
 register_env("test-envserver/Broken-v0", BrokenEnv)
 

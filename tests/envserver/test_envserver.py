@@ -13,14 +13,16 @@ import pytest
 from agentrl.agent import status_for
 from agentrl.env import ENVS, make_env
 from agentrl.envserver.client import RemoteEnv
-from agentrl.envserver.server import EnvServer
+from agentrl.envserver.server import PROTOCOL_VERSION, EnvServer
 from agentrl.envserver.wire import MEDIA_TYPE, pack, unpack
 from agentrl.errors import ConfigError, EnvError, EnvServerError
 from agentrl.http import SESSION_HEADER
 from agentrl.rollout.collector import CollectorConfig, RolloutCollector
 from agentrl.rollout.testing import ScriptedGenerator
 from agentrl.types import Message, RolloutStatus, Sample
-from tests.envserver.support import png, serve
+from tests.envserver.support import OracleEnv, png, serve
+from trainers.config import DataConfig, EnvEntry
+from trainers.sft import demonstrations
 
 NEEDS_SETUP = {"swe/Repo-v0"}  # prepared repositories first; tests/agents/test_swe_agent.py
 BUILTIN = sorted(s.id for s in ENVS if not s.id.startswith("test-") and s.id not in NEEDS_SETUP)
@@ -71,7 +73,8 @@ async def test_builtin_env_is_the_same_remotely(env_server, env_id: str) -> None
             assert (ro, ri) == (lo, li)
             assert remote.task_key(ro, ri) == local.task_key(lo, li)
             demo = local.demonstration()
-            assert remote.demonstration() == demo
+            assert await remote.ademonstration() == demo
+            assert remote.demonstration() == demo  # fetched once per episode, then kept
             script = [m for m in (demo or []) if m.role == "assistant"] or []
             script += [assistant(a) for a in ACTIONS]
             for action in script:
@@ -210,7 +213,7 @@ async def test_auth_session_tokens_and_protocol() -> None:
             assert r.status_code == 400 and r.json()["error"]["type"] == "protocol_mismatch"
             r = await c.post("/sessions", json={"env_id": "games/GridWorld-v0"})
             assert r.status_code == 404  # not served here
-            assert (await c.get("/protocol")).json()["protocol"] == 1
+            assert (await c.get("/protocol")).json()["protocol"] == PROTOCOL_VERSION
             assert (await c.get("/health")).json()["envs"] == ["games/GuessNumber-v0"]
             listed = (await c.get("/sessions")).json()["sessions"]
             assert [s["id"] for s in listed] == [sid]
@@ -306,3 +309,27 @@ def test_sync_wrappers_work_for_scripts_and_the_checker(env_server) -> None:  # 
     report = check_env_cli(f"remote:{url}/games/GuessNumber-v0", {})
     assert report.passed, str(report)
     json.dumps(str(report))
+
+
+async def test_async_oracles_run_remotely_on_request_only(env_server) -> None:  # type: ignore[no-untyped-def]
+    """An env whose oracle is async (SWE's acts in its sandbox) gives SFT demonstrations
+    remotely, and a reset alone never runs the oracle (RL resets do not pay for it)."""
+    _, url = env_server
+    OracleEnv.oracle_calls = 0
+    remote = make_env(f"remote:{url}/test-envserver/Oracle-v0")
+    try:
+        await remote.areset(seed=3)
+        assert OracleEnv.oracle_calls == 0
+        demo = await remote.ademonstration()
+        assert demo is not None and OracleEnv.oracle_calls == 1
+        assert remote.demonstration() == demo and OracleEnv.oracle_calls == 1  # kept
+        _, reward, terminated, _, _ = await remote.astep(demo[0])
+        assert reward == 1.0 and terminated
+        await remote.areset(seed=4)
+        assert await remote.ademonstration() != demo  # a new episode, a new oracle
+    finally:
+        await remote.aclose()
+
+    data = DataConfig(envs=[EnvEntry(id=f"remote:{url}/test-envserver/Oracle-v0")], seed=0)
+    convs = await asyncio.to_thread(demonstrations, data, 4)
+    assert len(convs) == 4 and all(c.messages[-1].role == "assistant" for c in convs)
