@@ -116,6 +116,25 @@ async def test_pause_abort_returns_partial_completion(vllm_server: Any) -> None:
     assert after.finish_reason == "length" and len(after.output_ids) == 4
 
 
+async def test_stream_cut_abort_and_top_logprobs(vllm_server: Any) -> None:
+    """The streamed generate (token mode): a cut aborts the request by its id and keeps the
+    first n tokens; top_logprobs are the k best, the greedy token first."""
+    greedy = SamplingParams(max_new_tokens=1500, temperature=0, ignore_eos=True)
+    async with InferenceClient([vllm_server.client_url]) as client:
+        full = await client.generate(PROMPT, SamplingParams(max_new_tokens=8, temperature=0))
+        items = [x async for x in client.generate_stream(PROMPT, greedy, cut=lambda ids: 5 if len(ids) >= 5 else None)]  # fmt: skip
+        top = await client.generate(PROMPT, SamplingParams(max_new_tokens=4, temperature=0, top_logprobs=3))  # fmt: skip
+    done = items[-1]
+    assert isinstance(done, Completion) and done.finish_reason == "stop"
+    assert done.output_ids == full.output_ids[:5] and len(done.output_logprobs) == 5
+    assert done.output_logprobs == pytest.approx(full.output_logprobs[:5], abs=1e-4)
+    assert sum(len(x) for x in items[:-1] if isinstance(x, list)) < 1500  # aborted
+    assert top.output_top_logprobs is not None and len(top.output_top_logprobs) == 4
+    for tok, lp, row in zip(top.output_ids, top.output_logprobs, top.output_top_logprobs, strict=True):  # fmt: skip
+        assert len(row) >= 3 and row[0][1] == tok and row[0][0] == pytest.approx(lp, abs=1e-4)
+        assert [x[0] for x in row] == sorted((x[0] for x in row), reverse=True)
+
+
 async def test_tool_rollouts_through_collector(vllm_server: Any, vllm_model: Path) -> None:
     template = ChatTemplate.from_pretrained(vllm_model)
     cfg = CollectorConfig(
