@@ -141,3 +141,21 @@ def test_bad_paths(tmp_path: Path) -> None:
     (tmp_path / "x.txt").write_text("")
     with pytest.raises(ConfigError, match="jsonl"):
         Source(tmp_path / "x.txt")
+
+
+def test_view_command_serves_the_run_with_its_tokenizer(
+    run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    served: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    result = CliRunner().invoke(app, ["view", str(run), "--port", "8699"])
+    assert result.exit_code == 0, result.output
+    assert "8 trajectories" in result.output and "base_model" in result.output
+    assert (served["host"], served["port"]) == ("127.0.0.1", 8699)
+    info = TestClient(served["app"]).get("/api/info").json()  # type: ignore[arg-type]
+    assert info["count"] == 8 and info["tokenizer"]
