@@ -31,6 +31,11 @@ from agentrl.types import (
 )
 
 PAYLOAD = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+PIXEL = (  # a 1x1 PNG, as an env would send a screenshot
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQ"
+    "DwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+REMOTE_IMAGE = "http://127.0.0.1:9/never-fetched.png"
 ENVS = ("arith/Calculator-v0", "games/Guess-v0")
 
 _TEMPLATE: ChatTemplate | None = None
@@ -84,7 +89,22 @@ def trajectory(*, answer: str, reward: float, env: str, uid: str, version: int) 
         reward=reward,
         status=RolloutStatus.COMPLETED if reward >= 0 else RolloutStatus.ERROR_ENV,
         error=None if reward >= 0 else f"env crashed {PAYLOAD}",
-        report={"tests": {"passed": int(reward > 0)}, "note": PAYLOAD},
+        report={
+            "tests": {"passed": int(reward > 0)},
+            "note": PAYLOAD,
+            "screenshots": [PIXEL, REMOTE_IMAGE],
+            "gateway": {
+                "log": [
+                    {
+                        "status": 200,
+                        "latency_s": 0.1,
+                        "segment": 0,
+                        "request": {"messages": [{"role": "user", "content": PAYLOAD}]},
+                        "response": {"choices": [{"message": {"content": answer}}]},
+                    }
+                ]
+            },
+        },
         wall_time_s=0.2,
         agent="tool_calling",
     )

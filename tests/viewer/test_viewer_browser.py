@@ -26,7 +26,7 @@ import pytest
 from agentrl.http.service import ServerThread
 from agentrl.viewer import Source, TrajectoryIndex, create_app
 from agentrl.viewer.tokens import find_tokenizer, load_template
-from tests.viewer.runs import PAYLOAD, make_run
+from tests.viewer.runs import PAYLOAD, REMOTE_IMAGE, make_run
 
 pytestmark = pytest.mark.browser
 
@@ -169,6 +169,15 @@ def test_hostile_text_shows_literally_and_runs_nothing(page: Any, url: str) -> N
     assert PAYLOAD in page.locator("#conversation .msg.role-user").inner_text()
     assert PAYLOAD in page.locator("#conversation .msg.role-tool").inner_text()
     assert json.dumps(PAYLOAD) in page.locator("#report").inner_text()  # JSON-quoted
+    # screenshots: an inline PNG is shown, a remote URL only named (never fetched)
+    assert page.locator("img.shot").count() == 1
+    assert page.locator("img.shot").evaluate("i => i.complete && i.naturalWidth") == 1
+    assert f"[image: {REMOTE_IMAGE}]" in page.locator("#main").inner_text()
+    # the gateway's raw log: one request, bodies shown as text
+    log = page.locator("details", has_text="HTTP 200")
+    assert log.count() == 1
+    log.locator("summary").click()
+    assert json.dumps(PAYLOAD) in log.inner_text()
     page.goto(f"{url}/#/tokens/{tid}")
     page.wait_for_selector(".tokens")
     assert "<script>" in page.locator(".tokens").first.inner_text()
