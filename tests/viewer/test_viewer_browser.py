@@ -26,7 +26,7 @@ import pytest
 from agentrl.http.service import ServerThread
 from agentrl.viewer import Source, TrajectoryIndex, create_app
 from agentrl.viewer.tokens import find_tokenizer, load_template
-from tests.viewer.runs import PAYLOAD, REMOTE_IMAGE, make_run
+from tests.viewer.runs import PAYLOAD, REMOTE_IMAGE, make_run, record, trajectory
 
 pytestmark = pytest.mark.browser
 
@@ -182,6 +182,23 @@ def test_hostile_text_shows_literally_and_runs_nothing(page: Any, url: str) -> N
     page.wait_for_selector(".tokens")
     assert "<script>" in page.locator(".tokens").first.inner_text()
     assert page.evaluate("window.__pwned") is None
+
+
+def test_follows_a_running_run(page: Any, tmp_path: Path) -> None:
+    """A step file that training writes while the page is open shows up without a reload."""
+    run = tmp_path / "live"
+    make_run(run, steps=1)
+    with ServerThread(create_app(TrajectoryIndex([Source(run)]))) as base:
+        page.goto(base + "/")
+        page.wait_for_selector("#list tr.row")
+        assert page.locator("#list tr.row").count() == 4
+        t = trajectory(answer="84", reward=1.0, env="arith/Calculator-v0", uid="u", version=1)
+        line = json.dumps(record(t, step=2, group=0, advantage=0.5)) + "\n"
+        tmp = run / "trajectories" / "step_000002.tmp"
+        tmp.write_text(line * 2)
+        tmp.replace(run / "trajectories" / "step_000002.jsonl")  # as trainers/trajectory_log.py
+        page.wait_for_function("document.querySelectorAll('#list tr.row').length === 6")
+        assert "6 matches" in page.locator("#total").inner_text()
 
 
 def test_docs_screenshot(page: Any, url: str, tmp_path: Path) -> None:
