@@ -159,3 +159,17 @@ def test_view_command_serves_the_run_with_its_tokenizer(
     assert (served["host"], served["port"]) == ("127.0.0.1", 8699)
     info = TestClient(served["app"]).get("/api/info").json()  # type: ignore[arg-type]
     assert info["count"] == 8 and info["tokenizer"]
+
+
+def test_two_runs_of_one_name_are_told_apart_and_compared(tmp_path: Path) -> None:
+    make_run(tmp_path / "a" / "demo", steps=1)
+    make_run(tmp_path / "b" / "demo", steps=2, groups=1)
+    index = TrajectoryIndex([Source(tmp_path / "a" / "demo"), Source(tmp_path / "b" / "demo")])
+    client = TestClient(create_app(index))
+    assert client.get("/api/info").json()["runs"] == ["demo#1", "demo#2"]
+    assert client.get("/api/trajectories", params={"run": "demo#2"}).json()["total"] == 4
+    cmp = client.get("/api/compare", params={"a": "demo#1:1", "b": "demo#2:2"}).json()
+    assert (cmp["a"]["count"], cmp["b"]["count"]) == (4, 2)
+    assert set(client.get("/api/metrics").json()["runs"]) == {"demo#1", "demo#2"}
+    tokens = client.get(f"/api/trajectories/{cmp['b']['items'][0]['id']}/tokens").json()
+    assert not tokens["tokenizer"] and tokens["segments"][0]["tokens"][0]["text"].startswith("<")
