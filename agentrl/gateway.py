@@ -57,8 +57,8 @@ from agentrl.inference.protocol import (
     StreamingGenerator,
     cut_completion,
 )
-from agentrl.tool_parsers import get_tool_parser
-from agentrl.types import JSON, Message, RolloutStatus
+from agentrl.tool_parsers import ToolParser, get_tool_parser
+from agentrl.types import JSON, Message, RolloutStatus, Segment
 
 logger = logging.getLogger(__name__)
 
@@ -76,13 +76,23 @@ class GatewayContext(RolloutContext):
         self.stop_hit = False
         self.on_tokens: Callable[[list[int]], None] | None = None
         self.snapshots: list[tuple[list[Message], dict[int, int], int]] = []
+        self._parser: ToolParser | None = None
         for kind in REWRITE_KINDS:
             self.metrics[f"gateway_rewrite_{kind}"] = 0.0
 
+    @property
+    def parser(self) -> ToolParser:
+        """The collector's tool parser, or Hermes (made once per trajectory)."""
+        if self._parser is None:
+            self._parser = self.tool_parser or get_tool_parser("hermes")
+        return self._parser
+
     def parse_actions(self, text: str, finish_reason: str) -> tuple[Message, list[str]]:
-        text, self.stop_hit = oc.cut_at_stop(text, self.stops)
-        parser = self.tool_parser or get_tool_parser("hermes")
-        return oc.reply_message(text, finish_reason, parser, self.tools_on)
+        if self.stops:
+            text, self.stop_hit = oc.cut_at_stop(text, self.stops)
+        else:
+            self.stop_hit = False
+        return oc.reply_message(text, finish_reason, self.parser, self.tools_on)
 
     async def call_model(self, input_ids: list[int], sampling: SamplingParams) -> Completion:
         """Generate; with stop strings, stream and end the request at the token that completes
@@ -167,6 +177,8 @@ def stop_cut(decode: Callable[[list[int]], str], stops: tuple[str, ...]) -> Cut:
 
 def _same(a: Message, b: Message) -> bool:
     """Whether a message the agent sent back is the one the conversation holds."""
+    if a is b:  # reused by GatewaySession._messages: the same JSON as last time
+        return True
     if a.role != b.role or (a.role == "tool" and a.tool_call_id != b.tool_call_id):
         return False
     ca = a.content.strip() if isinstance(a.content, str) else json.dumps(a.content)
@@ -185,8 +197,13 @@ class _Answer:
     message: Message
     reason: str
     completion: Completion
-    prompt_ids: list[int]
+    segment: Segment
+    prompt_len: int
     rewrite: str | None
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.segment.token_ids[: self.prompt_len]
 
 
 class GatewaySession:
@@ -212,6 +229,20 @@ class GatewaySession:
         self.failure: Exception | None = None  # an inference failure
         self.closed = False
         self._lock = asyncio.Lock()
+        self._raw: list[dict[str, Any]] = []  # the last request's messages, as sent
+
+    def _messages(self, req: oc.ChatRequest) -> list[Message]:
+        """The request's messages. The leading ones that are the same JSON as the previous
+        request's are the conversation's own ``Message`` objects (the conversation holds
+        that request's messages first), so only the new ones are converted and compared."""
+        raw, prev = req.messages, self._raw
+        n = min(len(raw), len(prev), len(self.ctx.messages))
+        k = 0
+        while k < n and raw[k] == prev[k]:
+            k += 1
+        if k == 0:
+            return oc.request_messages(req)
+        return [*self.ctx.messages[:k], *oc.request_messages(req, k)]
 
     @property
     def base_url(self) -> str:
@@ -304,11 +335,12 @@ class GatewaySession:
                     type="server_error",
                     code="trajectory_failed",
                 )
-            msgs = oc.request_messages(req)
+            msgs = self._messages(req)
             ctx = self.ctx
             saved = ctx.sampling
             sampling = self._sampling(req)
             kind = self._sync(msgs, req.tools)
+            self._raw = req.messages
             ctx.stops, ctx.tools_on = req.stops, bool(req.tools) and req.tool_choice != "none"
             ctx.sampling, ctx.on_tokens = sampling, on_tokens
             self.requests += 1
@@ -342,7 +374,6 @@ class GatewaySession:
                 ctx.sampling, ctx.on_tokens = saved, None
             c = reply.completion
             seg = ctx.ledger.segments[-1]
-            prompt_ids = seg.token_ids[: len(seg) - len(c.output_ids)]
             reason = "stop" if ctx.stop_hit else reply.finish_reason
             if sampling.top_logprobs and c.output_top_logprobs is None:
                 raise oc.OpenAIError(
@@ -352,7 +383,7 @@ class GatewaySession:
                     type="server_error",
                     code="top_logprobs_missing",
                 )
-            return _Answer(reply.message, reason, c, prompt_ids, kind)
+            return _Answer(reply.message, reason, c, seg, len(seg) - len(c.output_ids), kind)
 
     def body(self, req: oc.ChatRequest, a: _Answer, id: str | None = None) -> JSON:
         """The non-streaming response body."""
@@ -366,7 +397,7 @@ class GatewaySession:
                     0, a.message, a.reason, logprobs=lp, **(extra if req.return_token_ids else {})
                 )
             ],
-            oc.usage(len(a.prompt_ids), len(c.output_ids)),
+            oc.usage(a.prompt_len, len(c.output_ids)),
             id=id,
         )
 
@@ -549,9 +580,7 @@ class Gateway:
         template = s.ctx.template
         tools_on = bool(req.tools) and req.tool_choice != "none"
         text = oc.TextStream(
-            hold=[getattr(s.ctx.tool_parser or get_tool_parser("hermes"), "open_tag", "")]
-            if tools_on
-            else [],
+            hold=[getattr(s.ctx.parser, "open_tag", "")] if tools_on else [],
             stops=req.stops,
             strip=tools_on,
         )
@@ -581,7 +610,7 @@ class Gateway:
         lp = s.logprobs(a.completion, req.top_logprobs) if req.logprobs else None
         finish = oc.finish_reason(a.reason, a.message)
         await resp.write(oc.sse(oc.chunk(cid, model, created, {}, finish=finish, logprobs=lp)))
-        use = oc.usage(len(a.prompt_ids), len(a.completion.output_ids))
+        use = oc.usage(a.prompt_len, len(a.completion.output_ids))
         if req.include_usage:
             await resp.write(oc.sse(oc.usage_chunk(cid, model, created, use)))
         await resp.write(oc.sse("[DONE]"))

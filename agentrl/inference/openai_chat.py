@@ -129,10 +129,11 @@ def parse_chat_request(raw: bytes | Any) -> ChatRequest:
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def request_messages(req: ChatRequest) -> list[Message]:
-    """The request's messages as agentrl ``Message``s (``developer`` becomes ``system``)."""
+def request_messages(req: ChatRequest, start: int = 0) -> list[Message]:
+    """The request's messages (from index ``start``) as agentrl ``Message``s (``developer``
+    becomes ``system``)."""
     out = []
-    for i, m in enumerate(req.messages):
+    for i, m in enumerate(req.messages[start:], start):
         role = m.get("role")
         if role not in _ROLES:
             raise OpenAIError(
