@@ -6,9 +6,11 @@
 
 Without a tokenizer the tokens show as ids and no check is made. The check renders each
 segment's conversation prefix with the assistant messages replaced by their raw completions
-(``Trajectory.turns``, as ``TokenLedger.check`` does), trying the longest prefix first; the tool
-schemas an env showed are not in the record, so a difference inside the first prompt of a
-tool-using env may come from them and is reported as such.
+(``Trajectory.turns``, as ``TokenLedger.check`` does), trying the longest prefix first. The
+tool schemas the model was shown are not in the record: the check renders without tools, and
+again with the schemas of the env class's ``tools`` (a class attribute, looked up in the env
+registry) when there are some; a difference inside the first prompt that remains may come
+from tools an env sets per instance, and is reported as such.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.chat import ChatTemplate, LedgerCheck
-from agentrl.types import Message, Turn
+from agentrl.types import JSON, Message, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -103,13 +105,18 @@ def _check(record: dict[str, Any], k: int, template: ChatTemplate | None) -> dic
         turns = [Turn.from_dict(t) for t in record.get("turns") or []]
         ids = record["segments"][k]["token_ids"]
         raw = _with_raw_completions(messages, turns, template)
+        env_id = str((record.get("sample") or {}).get("env_id", ""))
         best: LedgerCheck | None = None
-        for n in range(len(raw), 0, -1)[:MAX_CHECK_RENDERS]:
-            res = template.check_ledger(raw[:n], ids)
-            if res.ok:
-                return {"done": True, "ok": True}
-            if best is None or _reach(res) > _reach(best):
-                best = res
+        for attempt in range(2):  # without tools, then with the env class's (looked up lazily)
+            tools = env_tool_schemas(env_id) if attempt else None
+            if attempt and tools is None:
+                break
+            for n in range(len(raw), 0, -1)[:MAX_CHECK_RENDERS]:
+                res = template.check_ledger(raw[:n], ids, tools)
+                if res.ok:
+                    return {"done": True, "ok": True}
+                if best is None or _reach(res) > _reach(best):
+                    best = res
         if best is None or best.mismatch is None:
             return {"done": False, "why": "no messages to render"}
         m = best.mismatch
@@ -121,13 +128,25 @@ def _check(record: dict[str, Any], k: int, template: ChatTemplate | None) -> dic
             "token_index": m.token_index,
             "expected": m.expected,
             "got": m.got,
-            "note": "inside the first prompt: may be the env's tool schemas, which the record "
-            "does not keep"
+            "note": "inside the first prompt: may be tool schemas the env set per instance, "
+            "which the record does not keep"
             if in_prompt
             else "",
         }
     except Exception as e:  # a record the template cannot render: say so, show the tokens
         return {"done": False, "why": f"{type(e).__name__}: {e}"}
+
+
+def env_tool_schemas(env_id: str) -> list[JSON] | None:
+    """The tool schemas of a registered env's class (``tools`` set on the class), or None."""
+    from agentrl.env import ENVS
+    from agentrl.tool import ToolSet
+
+    try:
+        tools = getattr(ENVS.spec(env_id).load(), "tools", None)
+    except Exception:  # unknown id, a module that no longer imports: check without tools
+        return None
+    return tools.schemas() if isinstance(tools, ToolSet) and len(tools) else None
 
 
 def _reach(res: LedgerCheck) -> int:

@@ -20,6 +20,7 @@ from agentrl.chat import ChatTemplate
 from agentrl.rollout.ledger import TokenLedger
 from agentrl.tiny import build_tokenizer
 from agentrl.types import (
+    JSON,
     Message,
     RolloutStatus,
     Sample,
@@ -48,15 +49,33 @@ def template() -> ChatTemplate:
     return _TEMPLATE
 
 
-def trajectory(*, answer: str, reward: float, env: str, uid: str, version: int) -> Trajectory:
-    """A two-turn tool-calling rollout whose ledger is built by the real TokenLedger."""
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: e.g. "12 * 7".
+    """
+    return "84"
+
+
+def trajectory(
+    *,
+    answer: str,
+    reward: float,
+    env: str,
+    uid: str,
+    version: int,
+    tools: list[JSON] | None = None,
+) -> Trajectory:
+    """A two-turn tool-calling rollout whose ledger is built by the real TokenLedger
+    (``tools``: the schemas shown in the system prompt)."""
     tpl = template()
     call = ToolCall(name="calculator", arguments={"expression": "12 * 7"}, id="call_1")
     call_text = (
         '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call>'
     )
     msgs: list[Message] = [system("Use the calculator."), user(f"What is 12 * 7? {PAYLOAD}")]
-    ledger = TokenLedger.for_template(tpl, None)
+    ledger = TokenLedger.for_template(tpl, tools)
     turns = []
     for text, reply in (
         (call_text, Message(role="assistant", content="", tool_calls=(call,))),

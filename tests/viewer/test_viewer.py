@@ -9,16 +9,19 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from agentrl.env import ENVS, Env, register_env
 from agentrl.errors import ConfigError
 from agentrl.rollout.io import load_trajectories, save_groups
-from agentrl.types import TrajectoryGroup
+from agentrl.tool import ToolSet
+from agentrl.types import Message, TrajectoryGroup
 from agentrl.viewer import Filters, Source, TrajectoryIndex, create_app
-from agentrl.viewer.tokens import find_tokenizer, load_template
-from tests.viewer.runs import PAYLOAD, make_run, record, trajectory
+from agentrl.viewer.tokens import find_tokenizer, load_template, token_view
+from tests.viewer.runs import PAYLOAD, calculator, make_run, record, template, trajectory
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +176,33 @@ def test_two_runs_of_one_name_are_told_apart_and_compared(tmp_path: Path) -> Non
     assert set(client.get("/api/metrics").json()["runs"]) == {"demo#1", "demo#2"}
     tokens = client.get(f"/api/trajectories/{cmp['b']['items'][0]['id']}/tokens").json()
     assert not tokens["tokenizer"] and tokens["segments"][0]["tokens"][0]["text"].startswith("<")
+
+
+class _ToolEnv(Env):
+    """An env whose class shows a tool, so the model's system prompt lists its schema."""
+
+    tools = ToolSet([calculator])
+
+    async def areset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        return [], {}
+
+    async def astep(self, action: Message) -> Any:
+        return [], 0.0, True, False, {}
+
+
+def test_ledger_check_renders_with_the_env_class_tools() -> None:
+    register_env("test-viewer/Tools-v0", _ToolEnv)
+    try:
+        schemas = _ToolEnv.tools.schemas()
+        tpl = template()
+        shown = trajectory(
+            answer="84", reward=1.0, env="test-viewer/Tools-v0", uid="u", version=0, tools=schemas
+        )
+        assert token_view(shown.to_dict(), tpl)["segments"][0]["check"]["ok"] is True
+        other = trajectory(
+            answer="84", reward=1.0, env="test-viewer/None-v0", uid="u", version=0, tools=schemas
+        )
+        check = token_view(other.to_dict(), tpl)["segments"][0]["check"]
+        assert check["ok"] is False and "per instance" in check["note"]
+    finally:
+        ENVS.unregister("test-viewer/Tools-v0")
