@@ -11,6 +11,8 @@ what only the trainer knows:
     advantages        per segment: the mean advantage over its loss tokens (None: no loss tokens)
     trainer_logprobs  per segment, per token: the trainer's recomputed logprob of the token
                       (0.0 where there is none), beside the ledger's rollout ``logprobs``
+    token_advantages  only with a token-level estimator (gae): per segment, per token (0.0
+                      off the loss mask); sequence-level ones (grpo, rloo, ...) leave it out
 
 Whole groups are kept (the first ``ceil(per_step / group_size)`` of the step), so the viewer
 can show a group side by side. A step file is written to a temporary name and renamed, so a
@@ -25,7 +27,6 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from agentrl.batch import TrainBatch
 from agentrl.errors import ConfigError
@@ -73,18 +74,19 @@ class TrajectoryLog:
         for gi, g in enumerate(keep):
             for t in g.trajectories:
                 d = t.to_dict()
-                advs, lps, row = [], [], 0  # batch rows count non-empty segments only
+                segs, row = [], 0  # batch rows count non-empty segments only
                 for seg in t.segments:
-                    adv, lp = rows.get((t.id, row), (None, None)) if len(seg) else (None, [])
+                    r = rows.get((t.id, row)) if len(seg) else None
                     row += int(len(seg) > 0)
-                    advs.append(adv)
-                    lps.append(lp if lp is not None else [0.0] * len(seg))
+                    segs.append(r or _Row(None, [0.0] * len(seg), None))
                 d |= {
                     "step": step,
                     "group_index": gi,
-                    "advantages": advs,
-                    "trainer_logprobs": lps,
+                    "advantages": [r.advantage for r in segs],
+                    "trainer_logprobs": [r.logprobs for r in segs],
                 }
+                if any(r.token_advantages is not None for r in segs):
+                    d["token_advantages"] = [r.token_advantages for r in segs]
                 lines.append(json.dumps(d) + "\n")
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"step_{step:06d}.jsonl"
@@ -106,20 +108,35 @@ class TrajectoryLog:
             logger.debug("trajectories.max_total_mb: removed %s", f)
 
 
-def _rows_by_segment(batch: TrainBatch) -> dict[tuple[str, int], tuple[Any, list[float]]]:
-    """(trajectory id, segment index) -> (mean advantage over loss tokens, trainer logprobs)."""
-    out: dict[tuple[str, int], tuple[Any, list[float]]] = {}
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """What the trainer knows of one segment."""
+
+    advantage: float | None  # mean over loss tokens; None: no loss tokens (masked row)
+    logprobs: list[float]  # [T] trainer logprobs
+    token_advantages: list[float] | None  # [T], token-level estimators only
+
+
+def _rows_by_segment(batch: TrainBatch) -> dict[tuple[str, int], _Row]:
+    """(trajectory id, non-empty segment index) -> the trainer's view of that batch row."""
+    out: dict[tuple[str, int], _Row] = {}
     if "old_logprobs" not in batch:
         return out
     mask = batch["loss_mask"].float()  # (B, T)
     lp = batch["old_logprobs"].float()  # (B, T)
     adv = batch["advantages"].float() if "advantages" in batch else None  # (B, T) or (B, 1)
+    per_token = adv is not None and adv.shape[1] > 1
     lengths = batch["seq_lens"].tolist()  # (B,)
     for b, row in enumerate(batch.rows):
         n = int(lengths[b])
         a: float | None = None
-        if adv is not None and mask[b].sum() > 0:
-            a_b = adv[b].expand_as(mask[b]) if adv.shape[1] == 1 else adv[b]
-            a = round(float((a_b * mask[b]).sum() / mask[b].sum()), 6)
-        out[(row.trajectory_id, row.segment_index)] = (a, [round(x, 5) for x in lp[b, :n].tolist()])
+        token_adv: list[float] | None = None
+        if adv is not None:
+            a_b = adv[b].expand_as(mask[b]) if adv.shape[1] == 1 else adv[b]  # (T,)
+            if mask[b].sum() > 0:
+                a = round(float((a_b * mask[b]).sum() / mask[b].sum()), 6)
+            if per_token:
+                token_adv = [round(x, 5) for x in (a_b * mask[b])[:n].tolist()]
+        logprobs = [round(x, 5) for x in lp[b, :n].tolist()]
+        out[(row.trajectory_id, row.segment_index)] = _Row(a, logprobs, token_adv)
     return out

@@ -62,10 +62,13 @@ def token_view(record: dict[str, Any], template: ChatTemplate | None) -> dict[st
     segs = record.get("segments") or []
     trainer = record.get("trainer_logprobs") or []
     advs = record.get("advantages") or []
+    token_advs = record.get("token_advantages") or []
     out = []
     for k, seg in enumerate(segs):
         ids: list[int] = seg["token_ids"]
         tlp = trainer[k] if k < len(trainer) else None
+        seg_adv = advs[k] if k < len(advs) else None
+        tadv = token_advs[k] if k < len(token_advs) else None
         texts = _texts(ids, template)
         tokens = [
             {
@@ -75,13 +78,16 @@ def token_view(record: dict[str, Any], template: ChatTemplate | None) -> dict[st
                 "lp": seg["logprobs"][i],
                 "tlp": tlp[i] if tlp is not None and i < len(tlp) else None,
                 "version": seg["versions"][i],
+                "adv": (tadv[i] if tadv is not None and i < len(tadv) else seg_adv)
+                if seg["loss_mask"][i]
+                else None,
             }
             for i, t in enumerate(ids)
         ]
         out.append(
             {
                 "index": k,
-                "advantage": advs[k] if k < len(advs) else None,
+                "advantage": seg_adv,
                 "tokens": tokens,
                 "check": _check(record, k, template),
             }

@@ -77,3 +77,15 @@ def test_config_keys_are_validated() -> None:
         load_run_config(
             None, ["data.envs=[{id: arith/Calculator-v0}]", "trajectories.max_total_mb=0"]
         )
+
+
+def test_token_level_advantages_are_written_per_token(tmp_path: Path) -> None:
+    gs = groups(1)
+    batch = scored_batch(gs)
+    batch["advantages"] = batch.loss_mask * 2.0  # (B, T), like GAE
+    path = TrajectoryLog(TrajectoryLog.Config(), tmp_path).write(1, gs, batch)
+    assert path is not None
+    r = json.loads(path.read_text().splitlines()[0])
+    seg, token_adv = r["segments"][0], r["token_advantages"][0]
+    assert len(token_adv) == len(seg["token_ids"]) and r["advantages"] == [2.0]
+    assert token_adv[1:] == [2.0 * m for m in seg["loss_mask"][1:]]  # position 0: never a loss

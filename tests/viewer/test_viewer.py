@@ -123,6 +123,8 @@ def test_token_view_marks_and_ledger_check(client: TestClient) -> None:
     assert 0 in masks and 1 in masks
     gen = [t for t in seg["tokens"] if t["mask"]]
     assert all(t["tlp"] == pytest.approx(t["lp"] - 0.01) and t["version"] == 0 for t in gen)
+    assert {t["adv"] for t in gen} == {seg["advantage"]} and seg["advantage"] in (-0.5, 0.5)
+    assert {t["adv"] for t in seg["tokens"] if not t["mask"]} == {None}
     bad = client.get(f"/api/trajectories/{items[1]['id']}/tokens").json()["segments"][0]
     assert bad["check"]["ok"] is False
     mask = [t["mask"] for t in bad["tokens"]]

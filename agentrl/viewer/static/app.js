@@ -220,7 +220,7 @@ async function renderTrajectory(id) {
 
 // ---------------------------------------------------------------- tokens
 const MODES = {
-  lp: "rollout logprob", tlp: "trainer logprob", diff: "|trainer − rollout|", version: "weight version", mask: "loss mask",
+  lp: "rollout logprob", tlp: "trainer logprob", diff: "|trainer − rollout|", adv: "advantage", version: "weight version", mask: "loss mask",
 };
 
 function heat(v) { // 0 (bad) .. 1 (good) -> red .. white
@@ -234,6 +234,12 @@ function tokenColor(t, mode, maxVersion) {
   if (mode === "lp") return heat(Math.exp(t.lp));
   if (mode === "tlp") return t.tlp === null ? "" : heat(Math.exp(t.tlp));
   if (mode === "diff") return t.tlp === null ? "" : heat(1 - Math.min(1, Math.abs(t.tlp - t.lp) * 5));
+  if (mode === "adv") { // green for positive, red for negative, white for 0
+    if (t.adv === null) return "";
+    const x = Math.min(1, Math.abs(t.adv));
+    const light = Math.round(255 - 120 * x);
+    return t.adv >= 0 ? `rgb(${light}, 255, ${light})` : `rgb(255, ${light}, ${light})`;
+  }
   if (mode === "version") return `hsl(${(t.version * 67) % 360}, 70%, ${maxVersion ? 80 : 88}%)`;
   return "";
 }
@@ -265,7 +271,7 @@ async function renderTokens(id) {
       span.textContent = t.text;
       const bg = tokenColor(t, mode, maxVersion);
       if (bg) span.style.backgroundColor = bg;
-      const tip = `#${i} id=${t.id} mask=${t.mask} rollout_lp=${fmt(t.lp, 4)} trainer_lp=${t.tlp === null ? "-" : fmt(t.tlp, 4)} version=${t.version}`;
+      const tip = `#${i} id=${t.id} mask=${t.mask} rollout_lp=${fmt(t.lp, 4)} trainer_lp=${t.tlp === null ? "-" : fmt(t.tlp, 4)} version=${t.version} advantage=${t.adv === null ? "-" : fmt(t.adv, 4)}`;
       span.setAttribute("title", tip);
       span.addEventListener("mouseenter", () => { info.textContent = `${tip} text=${JSON.stringify(t.text)}`; });
       box.append(span);
