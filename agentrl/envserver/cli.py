@@ -49,7 +49,8 @@ def envs_serve(
     import uvicorn
 
     from agentrl.env import ENVS
-    from agentrl.envserver.server import EnvServer, http_protocol
+    from agentrl.envserver.asgi import http_protocol
+    from agentrl.envserver.server import EnvServer
 
     check_bind(host, token, token_env=TOKEN_ENV, serves="run envs and their tools")
     import_modules(module or [])

@@ -54,8 +54,8 @@ import httpx2
 from gymnasium.envs.registration import EnvSpec
 
 from agentrl.env import Env, Info, Observation, StepResult, run_sync
+from agentrl.envserver.api import PROTOCOL_HEADER, PROTOCOL_VERSION
 from agentrl.envserver.conn import ConnPool, TransportError
-from agentrl.envserver.server import PROTOCOL_HEADER, PROTOCOL_VERSION
 from agentrl.envserver.wire import MEDIA_TYPE, unpack
 from agentrl.errors import (
     ConfigError,

@@ -30,7 +30,7 @@ under ``step_timeout_s`` -> the answer as a frame (``agentrl.envserver.wire``: J
 images as raw bytes). Tool calls of an AgentLoop that runs the env's tools itself arrive on
 ``tools/call`` and run on ``env.tools`` here, with ``env`` injected, as they would locally.
 
-The hot routes (open, reset, step, tool calls, batched close) are served by ``_HotRoutes``, a
+The hot routes (open, reset, step, tool calls, batched close) are served by ``HotRoutes`` (``agentrl.envserver.asgi``), a
 raw ASGI app inside ``HttpGuard`` (so auth, session tokens and body caps are checked first, as
 for every route) and in front of FastAPI, whose per-request machinery (routing, dependency
 solving, exception middleware) cost more CPU than a step of most envs. A client opens a
@@ -60,10 +60,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.env import Env, make_env
-from agentrl.envserver.wire import MEDIA_TYPE, pack
+from agentrl.envserver.api import (
+    PROTOCOL_VERSION,
+    CloseRequest,
+    OpenRequest,
+    ResetRequest,
+    StepRequest,
+    ToolCallRequest,
+)
+from agentrl.envserver.asgi import HotRoutes
+from agentrl.envserver.wire import pack
 from agentrl.errors import (
     AgentRLError,
     ConfigError,
@@ -74,11 +82,9 @@ from agentrl.errors import (
 from agentrl.http import (
     NO_DOCS,
     ApiError,
-    BodyTooLarge,
     HttpGuard,
     ReplayCache,
     TokenBucket,
-    error_body,
     install_error_handlers,
     json_response,
     parse_body,
@@ -88,58 +94,9 @@ from agentrl.http.sessions import Session, SessionManager
 from agentrl.types import JSON, Message, ToolCall
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Receive, Scope, Send
+    from starlette.types import ASGIApp
 
 logger = logging.getLogger(__name__)
-
-PROTOCOL_VERSION = 2  # 2: the demonstration has its own route instead of riding on reset
-"""Bumped when a route or a frame changes incompatibly; client and server must agree."""
-PROTOCOL_HEADER = "X-Agentrl-Env-Protocol"
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ResetRequest(_Body):
-    seed: int | None = None
-    options: dict[str, Any] | None = None
-    request_id: str = ""
-
-
-class OpenRequest(_Body):
-    env_id: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    protocol: int = PROTOCOL_VERSION
-    reset: ResetRequest | None = None
-    """Reset the new session in the same request (the answer is then a frame)."""
-    request_id: str = ""
-    """A retried open with the same id gets the first answer (no second session)."""
-
-
-class SessionRef(_Body):
-    id: str
-    token: str = ""
-
-
-class CloseRequest(_Body):
-    sessions: list[SessionRef]
-
-
-class StepRequest(_Body):
-    action: dict[str, Any]
-    request_id: str = ""
-
-
-class DemonstrationRequest(_Body):
-    request_id: str = ""
-
-
-class ToolCallRequest(_Body):
-    name: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    id: str = ""
-    request_id: str = ""
 
 
 @dataclass(eq=False, kw_only=True)
@@ -463,7 +420,7 @@ class EnvServer:
 
     # --- HTTP ------------------------------------------------------------------------------
     def app(self) -> ASGIApp:
-        """The ASGI app: ``HttpGuard`` -> the hot routes (``_HotRoutes``) -> FastAPI, whose
+        """The ASGI app: ``HttpGuard`` -> the hot routes (``HotRoutes`` (``agentrl.envserver.asgi``)) -> FastAPI, whose
         lifespan starts the reaper and closes every session."""
 
         @contextlib.asynccontextmanager
@@ -486,7 +443,7 @@ class EnvServer:
             cap_hint="raise EnvServer.Config.max_body_bytes (--max-body-mb)",
         )
         # the guard outermost, then the hot routes: no Starlette middleware on the hot path
-        return HttpGuard(_HotRoutes(app, self), config=guard, authorize=self.sessions.authorize)
+        return HttpGuard(HotRoutes(app, self), config=guard, authorize=self.sessions.authorize)
 
     def _router(self) -> APIRouter:
         r = APIRouter()
@@ -531,163 +488,3 @@ class EnvServer:
             return parse_body(model, body)
         except ConfigError as e:
             raise ApiError(422, "bad_request", str(e)) from e
-
-
-_FRAME = MEDIA_TYPE.encode()
-_JSON = b"application/json"
-
-
-class _HotRoutes:
-    """Raw ASGI: open (+ reset), reset, step, tool calls and batched close, without FastAPI.
-
-    Sits inside ``HttpGuard`` (bearer and session tokens, body caps are checked before it
-    runs); every other request goes on to the FastAPI app. Errors are the same JSON as
-    ``install_error_handlers`` writes."""
-
-    def __init__(self, app: ASGIApp, server: EnvServer) -> None:
-        self.app = app
-        self.server = server
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        parts = scope["path"].split("/")  # ["", "sessions", id, what...]
-        n = len(parts)
-        if n < 2 or parts[1] != "sessions":
-            await self.app(scope, receive, send)
-            return
-        srv = self.server
-        try:
-            if n == 2:
-                req = srv._parse(OpenRequest, await _read(receive))
-                if req.reset is not None:
-                    await _answer(send, 200, _FRAME, await srv.open_and_reset(req))
-                    return
-                s = await srv.open_session(req)
-                out = {"session_id": s.id, "session_token": s.token, **srv._describe(s.env)}
-                await _answer(send, 200, _JSON, _dumps(out))
-            elif n == 3 and parts[2] == "close":
-                close = srv._parse(CloseRequest, await _read(receive))
-                await _answer(send, 200, _JSON, _dumps(await srv.close_many(close)))
-            elif n == 4 and parts[3] in ("reset", "step", "demonstration"):
-                sid, body = parts[2], await _read(receive)
-                if parts[3] == "step":
-                    step = srv._parse(StepRequest, body)
-                    frame = await srv._run(
-                        sid, step.request_id, "step", lambda s: srv._step(s, step)
-                    )
-                elif parts[3] == "demonstration":
-                    demo = srv._parse(DemonstrationRequest, body)
-                    frame = await srv._run(
-                        sid, demo.request_id, "demonstration", srv._demonstration
-                    )
-                else:
-                    reset = srv._parse(ResetRequest, body)
-                    frame = await srv._run(
-                        sid, reset.request_id, "reset", lambda s: srv._reset(s, reset)
-                    )
-                await _answer(send, 200, _FRAME, frame)
-            elif n == 5 and parts[3] == "tools" and parts[4] == "call":
-                call = srv._parse(ToolCallRequest, await _read(receive))
-                frame = await srv._run(
-                    parts[2],
-                    call.request_id,
-                    f"tool {call.name}",
-                    lambda s: srv._tool_call(s, call),
-                )
-                await _answer(send, 200, _FRAME, frame)
-            else:
-                await self.app(scope, receive, send)
-        except ApiError as e:
-            await _answer(send, e.status, _JSON, _dumps(error_body(e.type, e.message)))
-        except (BodyTooLarge, _Gone):
-            raise
-        except Exception as e:
-            logger.exception("unhandled error in a request")
-            body = _dumps(error_body("internal", f"{type(e).__name__}: {e}"))
-            await _answer(send, 500, _JSON, body)
-
-
-class _Gone(Exception):
-    """The client disconnected before its body arrived."""
-
-
-async def _read(receive: Receive) -> bytes:
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise _Gone
-    body = message.get("body", b"")
-    if not message.get("more_body", False):
-        return bytes(body)
-    chunks = [body]
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Gone
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-async def _answer(send: Send, status: int, ctype: bytes, body: bytes) -> None:
-    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-class _CoalescingTransport:
-    """A transport whose writes in one event-loop turn leave in one ``send``.
-
-    uvicorn writes a response's head and its body separately: two syscalls and two packets
-    per answer, and on loopback the receiver's wakeup is paid inside each send. Buffered until
-    the end of the turn (or 64 KiB), an answer is one of each. Everything else is the
-    transport's own (``close`` and the like write what is buffered first)."""
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._t = transport
-        self._loop = loop
-        self._buf: list[bytes] = []
-        self._size = 0
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._buf:
-            self._loop.call_soon(self.flush)
-        self._buf.append(bytes(data))
-        self._size += len(data)
-        if self._size >= 1 << 16:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._buf:
-            data = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
-            self._buf, self._size = [], 0
-            if not self._t.is_closing():
-                self._t.write(data)
-
-    def close(self) -> None:
-        self.flush()
-        self._t.close()
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._t.write_eof()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._t, name)
-
-
-def http_protocol() -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol with ``_CoalescingTransport`` (``uvicorn.run(http=...)``)."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
-            assert isinstance(transport, asyncio.Transport)
-            super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
-
-    return CoalescingHttpToolsProtocol
