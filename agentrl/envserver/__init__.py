@@ -6,7 +6,8 @@
 ``EnvServer`` keeps one env per session (sessions: ``agentrl.http.sessions``, shared with the
 tool server); ``RemoteEnv`` is an ``Env`` whose reset/step/tool calls run in such a session,
 spread over many servers by ``EnvServerPool``. Observations travel as frames (``wire.py``:
-JSON with images as raw bytes). See docs/guides/env-service.md.
+JSON with images as raw bytes); ``api.py`` holds the protocol version and request bodies both
+sides share, ``asgi.py`` the server's raw-ASGI hot routes. See docs/guides/env-service.md.
 """
 
 from __future__ import annotations
