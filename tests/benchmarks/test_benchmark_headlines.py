@@ -101,3 +101,24 @@ def test_gateway_headline_is_requests_per_s_over_the_servers_own_route() -> None
     got = _headline("gateway.py", "--rounds", "1", "--agents", "2", "--turns", "2")
     assert got["benchmark"] == "gateway_requests_per_s" and got["goal"] == 0.9
     assert isinstance(got["ratio"], float) and got["met"] == (got["ratio"] >= 0.9)
+
+
+@pytest.mark.slow  # an inference server, an env server and a model: ~20-70 s
+def test_env_service_headline_samples_from_the_embedded_server() -> None:
+    got = _headline(
+        "env_service.py",
+        "--samples",
+        "4",
+        "--reps",
+        "1",
+        "--sessions",
+        "4",
+        "--servers",
+        "1",
+        "--latency-steps",
+        "10",
+        "--new-tokens",
+        "4",
+    )
+    assert "embedded server" in str(got["benchmark"]) and got["goal"] == 0.8
+    assert isinstance(got["ratio"], float) and got["met"] == (got["ratio"] >= 0.8)
