@@ -29,6 +29,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,6 +112,21 @@ class ModelRunner:
         """torch intra-op threads; 0 = one less than the CPU count (at least 1) on CPU, so the
         HTTP thread keeps a core (OpenMP workers spin between ops and would starve it), and 2 on
         CUDA, where the host runs only small sampling ops."""
+        engine: Literal["auto", "static", "dynamic"] = "auto"
+        """static: a preallocated slot KV cache, our own forward, CUDA graphs on CUDA
+        (``static_runner.py``); dynamic: transformers' forward over a ``DynamicCache`` (this
+        class); auto: static for the models it supports, dynamic otherwise."""
+        max_seq_len: int = 0
+        """static: tokens per slot, prompt and output (0: the model's context, at most 8192);
+        a longer prompt is refused."""
+        kv_cache_gb: float = 0.0
+        """static: memory for the KV cache (0: 60% of the free GPU memory on CUDA, a quarter
+        of the RAM on CPU);
+        with ``max_seq_len`` it sets how many requests run at once (at most
+        ``max_batch_size``); the rest wait."""
+        cuda_graphs: bool = True
+        """static on CUDA: replay each decode step as a CUDA graph (one per batch-size and
+        length bucket, captured on first use)."""
 
     def __init__(self, cfg: ModelRunner.Config) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -152,6 +168,7 @@ class ModelRunner:
         self._by_rid: dict[str, RunnerRequest] = {}
         self._seeds = itertools.count()
         self._thread: threading.Thread | None = None
+        self._started = time.monotonic()
 
     # ---- API (any thread) ---------------------------------------------------------------
     def start(self) -> None:
@@ -205,12 +222,15 @@ class ModelRunner:
         return fut
 
     def info(self) -> dict[str, Any]:
-        batch = self._batch  # read once: the engine thread may replace it meanwhile
-        running = batch.size if batch is not None else 0
+        running = len(self._running())
         return {
             **self.stats,
             "running": running,
             "waiting": len(self._waiting),
+            "queue_length": len(self._waiting),
+            "engine": "dynamic",
+            "tokens_per_s": self.stats["tokens_generated"]
+            / max(time.monotonic() - self._started, 1e-9),
             "paused": self.paused,
             "weight_version": self.weight_version,
         }
@@ -230,7 +250,7 @@ class ModelRunner:
     # ---- engine thread ------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
-            idle = self.paused or (not self._waiting and self._batch is None)
+            idle = self.paused or (not self._waiting and not self._has_running())
             if not self._drain(block=idle):
                 break
             if self.paused:
@@ -238,7 +258,7 @@ class ModelRunner:
             try:
                 if self._waiting and self._room() > 0:
                     self._prefill()
-                if self._batch is not None:
+                if self._has_running():
                     self._decode()
             except Exception as exc:  # a failed forward must not take the server down
                 logger.exception("engine step failed")
@@ -261,7 +281,17 @@ class ModelRunner:
                 return True
 
     def _running(self) -> list[RunnerRequest]:
-        return list(self._batch.reqs) if self._batch is not None else []
+        batch = self._batch  # read once: info() calls this from another thread
+        return list(batch.reqs) if batch is not None else []
+
+    def _has_running(self) -> bool:
+        return self._batch is not None
+
+    def _remove_running(self, ids: set[int]) -> None:
+        """Take the running requests whose ``id()`` is in ``ids`` out of the batch."""
+        if self._batch is not None:
+            keep = [i for i, r in enumerate(self._batch.reqs) if id(r) not in ids]
+            self._batch = self._batch.select(keep) if keep else None
 
     def _room(self) -> int:
         return self.cfg.max_batch_size - (self._batch.size if self._batch is not None else 0)
@@ -280,7 +310,7 @@ class ModelRunner:
         if p.max_new_tokens == 0:
             req.on_done(self._result(req, finish_reason_dict("length", length=0)))
             return
-        gen = None
+        gen, seed = None, 0
         if p.temperature > 0.0:
             seed = p.seed if p.seed is not None else (self.cfg.seed << 32) + next(self._seeds)
             gen = torch.Generator().manual_seed(seed)
@@ -290,6 +320,7 @@ class ModelRunner:
             top_k=p.top_k,
             top_logprobs=p.top_logprobs,
             generator=gen,
+            seed=seed,
         )
         self._by_rid[req.rid] = req
         self._waiting.append(req)
@@ -435,9 +466,7 @@ class ModelRunner:
             return 0
         ids = {id(r) for r in doomed}
         self._waiting = deque(r for r in self._waiting if id(r) not in ids)
-        if self._batch is not None:
-            keep = [i for i, r in enumerate(self._batch.reqs) if id(r) not in ids]
-            self._batch = self._batch.select(keep) if keep else None
+        self._remove_running(ids)
         for req in doomed:
             self._finish(req, finish_reason_dict("abort", message=message), error)
         return len(doomed)

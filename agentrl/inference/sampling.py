@@ -27,6 +27,7 @@ class RowSampling:
     top_k: int = -1
     top_logprobs: int = 0  # how many top alternatives to report per token
     generator: torch.Generator | None = None  # required when temperature > 0
+    seed: int = 0  # the request's seed (the static engine draws from it on the device)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ from agentrl.http import HttpGuard, is_loopback, json_response, parse_body
 from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
 from agentrl.inference.responses import error_response
 from agentrl.inference.runner import ModelRunner, RequestParams, RunnerRequest, RunnerResult
+from agentrl.inference.static_runner import build_runner
 from agentrl.inference.wire import (
     GenerateRequest,
     WireSamplingParams,
@@ -138,7 +139,8 @@ class ServerState:
             )
         if len(ids) >= self.engine.max_context:
             raise ConfigError(
-                f"prompt has {len(ids)} tokens; this model's context is {self.engine.max_context}."
+                f"prompt has {len(ids)} tokens; this server's context is "
+                f"{self.engine.max_context} (the model's, or the static engine's --max-seq-len)."
             )
 
     def request_params(self, sp: WireSamplingParams, top_logprobs: int) -> RequestParams:
@@ -310,10 +312,39 @@ def build_app(
         out = [state.respond(j, r, latency) for j, r in zip(jobs, results, strict=True)]
         return json_response(out[0] if single else out)
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(prometheus_metrics(engine.info()), media_type="text/plain; version=0.0.4")
+
     add_control_routes(app, state)
     add_openai_routes(app, state)
     app.add_middleware(HttpGuard, config=guard or guard_config())
     return app
+
+
+METRICS = {
+    "running": "requests decoding now",
+    "queue_length": "requests waiting for a slot",
+    "kv_use": "fraction of the KV cache's token positions in use (static engine)",
+    "prefix_hit_rate": "prompt tokens served from the prefix cache / prompt tokens",
+    "tokens_per_s": "generated tokens per second since the server started",
+    "tokens_generated": "generated tokens",
+    "requests_finished": "finished requests",
+    "weight_version": "weight version",
+}
+
+
+def prometheus_metrics(info: dict[str, Any]) -> str:
+    """``engine.info()`` as Prometheus text: the gauges of ``METRICS`` that the engine has."""
+    lines = []
+    for key, help_text in METRICS.items():
+        if key in info:
+            lines += [
+                f"# HELP agentrl_{key} {help_text}",
+                f"# TYPE agentrl_{key} gauge",
+                f"agentrl_{key} {float(info[key])}",
+            ]
+    return "\n".join(lines) + "\n"
 
 
 def _watch_parent(pid: int, interval_s: float = 1.0) -> None:
@@ -344,6 +375,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE)
     p.add_argument("--max-prefill-tokens", type=int, default=16384)
+    p.add_argument(
+        "--engine",
+        default="auto",
+        choices=("auto", "static", "dynamic"),
+        help="static: slot KV cache + CUDA graphs; dynamic: transformers' DynamicCache; "
+        "auto: static for llama/mistral/qwen2/qwen3 models, dynamic otherwise",
+    )
+    p.add_argument("--max-seq-len", type=int, default=0, help="static: tokens per request slot")
+    p.add_argument(
+        "--kv-cache-gb", type=float, default=0.0, help="static: KV cache memory (0: automatic)"
+    )
+    p.add_argument("--no-cuda-graphs", action="store_true", help="static: eager decode steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=0)
     p.add_argument("--served-model-name", default=None)
@@ -396,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
         max_body_bytes=int(a.max_body_mb * (1 << 20)),
         max_weight_body_bytes=int(a.max_weight_body_mb * (1 << 20)),
     )
-    engine = ModelRunner(
+    engine = build_runner(
         ModelRunner.Config(
             model=a.model,
             dtype=a.dtype,
@@ -405,6 +448,10 @@ def main(argv: list[str] | None = None) -> None:
             max_prefill_tokens=a.max_prefill_tokens,
             seed=a.seed,
             num_threads=a.num_threads,
+            engine=a.engine,
+            max_seq_len=a.max_seq_len,
+            kv_cache_gb=a.kv_cache_gb,
+            cuda_graphs=not a.no_cuda_graphs,
         )
     )
     engine.start()

@@ -1,0 +1,198 @@
+"""The static engine in-process on CPU: slot cache, batched prefill and decode, device sampling.
+
+Checks what could break: logprobs against a teacher-forced HF forward (fp32, <= 1e-5), tokens
+equal to the dynamic engine's greedy ones, seeded draws independent of the batch, requests
+queueing when slots run out, slots reused after rows leave (the compaction moves), weight
+updates seen by the next step, aborts, and a clear error for a cache that holds nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from agentrl.errors import ConfigError
+from agentrl.inference.device_sampling import sample_on_device, uniforms
+from agentrl.inference.runner import ModelRunner, RequestParams, RunnerRequest, RunnerResult
+from agentrl.inference.static_runner import StaticRunner, build_runner, cache_shape
+from agentrl.inference.weights import apply_named_tensors
+from agentrl.tiny import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("static") / "llama", arch="llama", seed=3)
+
+
+def _runner(model: Path, engine: str = "static", **kw: Any) -> ModelRunner:
+    cfg = ModelRunner.Config(model=str(model), num_threads=1, engine=engine, **kw)  # type: ignore[arg-type]
+    runner = build_runner(cfg)
+    runner.start()
+    return runner
+
+
+def _submit(
+    runner: ModelRunner, prompts: list[list[int]], params: list[RequestParams], tag: str = "r"
+) -> list[RunnerResult]:
+    futs: list[concurrent.futures.Future[RunnerResult]] = []
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        fut: concurrent.futures.Future[RunnerResult] = concurrent.futures.Future()
+        futs.append(fut)
+        runner.submit(
+            RunnerRequest(rid=f"{tag}{i}", input_ids=p, params=sp, on_done=fut.set_result)
+        )
+    return [f.result(timeout=120) for f in futs]
+
+
+def _teacher_forced(model: Any, prompt: list[int], out: list[int], temp: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + out])).logits[0, len(prompt) - 1 : -1]
+    if temp > 0:
+        logits = logits / temp
+    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(out)[:, None])[:, 0]
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 24, (n,), generator=g).tolist()
+    return [torch.randint(5, 800, (k,), generator=g).tolist() for k in lens]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_logprobs_match_teacher_forcing_with_rows_joining_and_leaving(
+    arch: str, tiny_model: Path, llama_model: Path
+) -> None:
+    path = tiny_model if arch == "qwen2" else llama_model
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    runner = _runner(path, max_batch_size=5)  # 12 requests through 5 slots: queue + moves
+    try:
+        prompts = _prompts(12)
+        temps = [0.0, 1.0, 0.7, 1.3]
+        params = [
+            RequestParams(
+                max_new_tokens=3 + (i * 7) % 17,
+                temperature=temps[i % 4],
+                top_p=0.9 if i % 3 == 0 else 1.0,
+                top_k=20 if i % 5 == 0 else -1,
+                ignore_eos=True,
+            )
+            for i in range(12)
+        ]
+        results = _submit(runner, prompts, params)
+        for res, p, sp in zip(results, prompts, params, strict=True):
+            assert res.error is None and len(res.output_ids) == sp.max_new_tokens
+            served = torch.tensor(res.output_logprobs)
+            want = _teacher_forced(ref, p, res.output_ids, sp.temperature)
+            assert (served - want).abs().max().item() <= 1e-5
+        assert runner.stats["max_batch_seen"] == 5
+    finally:
+        runner.shutdown()
+
+
+def test_greedy_tokens_equal_the_dynamic_engine(tiny_model: Path) -> None:
+    prompts = _prompts(6, seed=1)
+    params = [RequestParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)] * 6
+    outs = {}
+    for engine in ("static", "dynamic"):
+        runner = _runner(tiny_model, engine)
+        try:
+            outs[engine] = [r.output_ids for r in _submit(runner, prompts, params)]
+        finally:
+            runner.shutdown()
+    assert outs["static"] == outs["dynamic"]
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(tiny_model: Path) -> None:
+    sp = RequestParams(max_new_tokens=10, temperature=1.0, top_k=50, seed=11, ignore_eos=True)
+    runner = _runner(tiny_model)
+    try:
+        alone = _submit(runner, [[5, 6, 7]], [sp], "a")[0].output_ids
+        crowd = [*_prompts(7, seed=2), [5, 6, 7]]
+        others = [RequestParams(max_new_tokens=4, temperature=1.0, ignore_eos=True)] * 7
+        batched = _submit(runner, crowd, [*others, sp], "b")[-1].output_ids
+        assert alone == batched
+    finally:
+        runner.shutdown()
+
+
+def test_weight_update_between_steps_changes_the_next_tokens(
+    tiny_model: Path, tiny_model_b: Path
+) -> None:
+    model_b = AutoModelForCausalLM.from_pretrained(tiny_model_b, dtype=torch.float32).eval()
+    runner = _runner(tiny_model)
+    try:
+        prompt, sp = [5, 9, 11], RequestParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+        before = _submit(runner, [prompt], [sp], "x")[0]
+
+        def update() -> int:
+            apply_named_tensors(runner.model, dict(model_b.state_dict()))
+            return runner.set_weight_version(None)
+
+        assert runner.call(update).result(timeout=60) == 1
+        after = _submit(runner, [prompt], [sp], "y")[0]
+        assert after.weight_version == 1
+        want = _teacher_forced(model_b, prompt, after.output_ids, 0.0)
+        assert (torch.tensor(after.output_logprobs) - want).abs().max().item() <= 1e-5
+        assert after.output_logprobs != pytest.approx(before.output_logprobs, abs=1e-3)
+    finally:
+        runner.shutdown()
+
+
+def test_abort_frees_the_slot_for_waiting_requests(tiny_model: Path) -> None:
+    runner = _runner(tiny_model, max_batch_size=1)
+    try:
+        long = RequestParams(max_new_tokens=3000, temperature=0.0, ignore_eos=True)
+        short = RequestParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
+        first: concurrent.futures.Future[RunnerResult] = concurrent.futures.Future()
+        runner.submit(
+            RunnerRequest(rid="long", input_ids=[5], params=long, on_done=first.set_result)
+        )
+        second: concurrent.futures.Future[RunnerResult] = concurrent.futures.Future()
+        runner.submit(
+            RunnerRequest(rid="short", input_ids=[6], params=short, on_done=second.set_result)
+        )
+        assert runner.abort("long").result(timeout=60) == 1
+        assert first.result(timeout=60).finish_reason["type"] == "abort"
+        assert len(second.result(timeout=60).output_ids) == 2
+    finally:
+        runner.shutdown()
+
+
+def test_cache_size_follows_the_budget_and_refuses_an_empty_one(tiny_model: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    per_token = 2 * 2 * 2 * 16 * 4  # k and v, 2 layers, 2 kv heads, head_dim 16, fp32
+    budget = 3 * 100 * per_token / 2**30
+    cfg = ModelRunner.Config(model="m", max_seq_len=100, kv_cache_gb=budget, max_batch_size=8)
+    assert cache_shape(cfg, model, torch.float32) == (3, 100)
+    tiny = ModelRunner.Config(model="m", max_seq_len=100, kv_cache_gb=1e-9)
+    with pytest.raises(ConfigError, match="kv_cache_gb"):
+        cache_shape(tiny, model, torch.float32)
+
+
+def test_prompt_longer_than_a_slot_finishes_at_the_slot_length(tiny_model: Path) -> None:
+    runner = _runner(tiny_model, max_seq_len=16)
+    try:
+        assert isinstance(runner, StaticRunner) and runner.max_context == 16
+        sp = RequestParams(max_new_tokens=50, temperature=0.0, ignore_eos=True)
+        res = _submit(runner, [list(range(5, 15))], [sp])[0]
+        assert len(res.output_ids) == 6 and res.finish_reason["type"] == "length"
+    finally:
+        runner.shutdown()
+
+
+def test_device_sampling_is_greedy_at_zero_and_filters_top_k() -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    temp = torch.tensor([0.0, 1.0, 1.0, 1.0])
+    top_k = torch.tensor([50, 1, 50, 50])
+    top_p = torch.tensor([1.0, 1.0, 1e-6, 1.0])
+    seeds, draws = torch.arange(4), torch.zeros(4, dtype=torch.long)
+    tokens, lp, logp = sample_on_device(logits, temp, top_p, top_k, seeds, draws, True)
+    assert tokens[:3].tolist() == logits[:3].argmax(-1).tolist()
+    assert torch.allclose(lp, logp.gather(1, tokens[:, None])[:, 0])
+    u = uniforms(torch.tensor([1, 1, 2, -5]), torch.tensor([0, 1, 0, 0]))
+    assert ((u >= 0) & (u < 1)).all() and len(set(u.tolist())) == 4
