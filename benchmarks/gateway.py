@@ -16,6 +16,10 @@ sides):
 
 Rounds alternate the two; the figures are requests/s and per-turn latency p50. Goal: the
 gateway's requests/s >= 0.9x the server's own route. The last line is JSON.
+
+``--cpu`` measures the gateway's hot path alone instead, in CPU time (which other jobs on the
+machine do not change): the same conversations from raw aiohttp clients against a scripted
+model in this process (no server, no baseline), CPU ms per request of the whole process.
 """
 
 from __future__ import annotations
@@ -160,14 +164,68 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def cpu_per_request(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU ms per request of this process: gateway, raw aiohttp clients, a scripted model."""
+    import aiohttp
+
+    from agentrl.rollout.testing import ScriptedGenerator
+    from agentrl.tiny import build_tokenizer
+
+    template = ChatTemplate(build_tokenizer())
+    gen = ScriptedGenerator(template, ["one two three four five six seven eight nine ten"])
+    gw = await Gateway.shared()
+
+    async def one(http: aiohttp.ClientSession, base_url: str, key: str) -> None:
+        messages: list[Any] = [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Count from one to ten, then explain what you did."},
+        ]
+        for k in range(args.turns):
+            body = {"model": "m", "messages": messages, "max_tokens": args.max_tokens}
+            headers = {"Authorization": f"Bearer {key}"}
+            async with http.post(base_url + "/chat/completions", json=body, headers=headers) as r:
+                answer = await r.json()
+            messages.append(answer["choices"][0]["message"])
+            messages.append({"role": "user", "content": f"Now do it again, step {k}."})
+
+    per_round = []
+    async with aiohttp.ClientSession() as http:
+        for rnd in range(args.rounds):
+            sessions = [
+                gw.open(
+                    GatewayContext(
+                        sample=Sample(env_id="bench/none", uid=f"{rnd}-{i}"),
+                        generator=gen,
+                        template=template,
+                        limits=Limits(max_turns=args.turns + 1, max_tokens=4096),
+                        session_id=f"{rnd}-{i}",
+                    )
+                )
+                for i in range(args.agents)
+            ]
+            c0 = time.process_time()
+            await asyncio.gather(*(one(http, s.base_url, s.key) for s in sessions))
+            ms = (time.process_time() - c0) / (args.agents * args.turns) * 1e3
+            per_round.append(ms)
+            print(f"round {rnd}: {ms:.2f} ms of CPU per request", flush=True)
+            for s in sessions:
+                gw.close(s)
+    return {
+        "benchmark": "gateway_cpu_ms_per_request",
+        "ms": round(min(per_round[1:] or per_round), 3),
+    }
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--agents", type=int, default=16)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--cpu", action="store_true", help="the gateway's CPU per request alone")
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(parse_args()))))
+    a = parse_args()
+    print(json.dumps(asyncio.run(cpu_per_request(a) if a.cpu else main(a))))
