@@ -36,7 +36,6 @@ if ls "$sdists"/*.tar.gz >/dev/null 2>&1; then
   mkdir -p "$repos/_downloads" && cp -n "$sdists"/*.tar.gz "$repos/_downloads/"
 fi
 agentrl swe prepare --out "$repos" --tasks data/swe/tasks.jsonl | tail -n 1
-prepared=$(date +%s)
 
 "$py" - <<'PY'
 import asyncio
@@ -56,6 +55,7 @@ async def main() -> None:
 asyncio.run(main())
 print("swe_gpu: a local sandbox runs")
 PY
+prepared=$(date +%s)
 
 agentrl train recipes/swe_gpu.yaml "$@"
 end=$(date +%s)
