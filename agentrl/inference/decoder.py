@@ -110,6 +110,18 @@ class Decoder:
         _, self.n_kv, self.head_dim = _shape(model)
         self.n_heads = int(model.config.num_attention_heads)
         self.scale = float(self.layers[0].self_attn.scaling)
+        self.fuse()
+
+    def fuse(self) -> None:
+        """Put each layer's q, k, v weights (and gate, up) in one buffer that the HF modules'
+        parameters become views of: one matmul instead of three (two), and an update copied
+        into a parameter lands in the buffer. Call again if parameters are replaced."""
+        self.qkv: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self.gate_up: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.qkv.append(_fuse([a.q_proj, a.k_proj, a.v_proj]))
+            self.gate_up.append(_fuse([m.gate_proj, m.up_proj]))
 
     def forward(
         self,
@@ -133,14 +145,17 @@ class Decoder:
         slots = slice(first_slot, first_slot + n)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(n, t, self.n_heads, self.head_dim)
-            k = attn.k_proj(h).view(n, t, self.n_kv, self.head_dim)
-            v = attn.v_proj(h).view(n, t, self.n_kv, self.head_dim)
+            h = _rms_norm(layer.input_layernorm, x)
+            qkv = F.linear(h, *self.qkv[i])  # (N, T, (Hq + 2 Hkv) D)
+            qk = qkv[..., : (self.n_heads + self.n_kv) * self.head_dim]
+            qk = qk.view(n, t, self.n_heads + self.n_kv, self.head_dim)
+            v = qkv[..., (self.n_heads + self.n_kv) * self.head_dim :]
+            v = v.view(n, t, self.n_kv, self.head_dim)
             if hasattr(attn, "q_norm"):  # qwen3
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q = _rotate(q.transpose(1, 2), cos, sin)  # (N, Hq, T, D)
-            k = _rotate(k.transpose(1, 2), cos, sin)  # (N, Hkv, T, D)
+                q, k = qk.split((self.n_heads, self.n_kv), dim=2)
+                qk = torch.cat((_rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)), dim=2)
+            qk = _rotate(qk.transpose(1, 2), cos, sin)  # q and k at once: (N, Hq + Hkv, T, D)
+            q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
             kc, vc = cache.keys[i, slots], cache.values[i, slots]  # (N, Hkv, M, D)
             kc[rows, :, pos] = k.transpose(1, 2)
             vc[rows, :, pos] = v
@@ -153,13 +168,40 @@ class Decoder:
                 enable_gqa=self.n_kv != self.n_heads,
             )  # (N, Hq, T, D)
             x = x + attn.o_proj(o.transpose(1, 2).reshape(n, t, self.n_heads * self.head_dim))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            mlp = layer.mlp
+            gate, up = F.linear(
+                _rms_norm(layer.post_attention_layernorm, x), *self.gate_up[i]
+            ).chunk(2, dim=-1)
+            x = x + mlp.down_proj(mlp.act_fn(gate) * up)
         if last is None:
             h_last = x[:, -1]
         else:
             h_last = x[torch.arange(n, device=ids.device), last]  # (N, H)
-        out: torch.Tensor = self.lm_head(self.norm(h_last))
+        out: torch.Tensor = self.lm_head(_rms_norm(self.norm, h_last))
         return out
+
+
+def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) buffer for ``linears``, their parameters made views of it."""
+    weight = torch.cat([lin.weight.data for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = torch.cat([b.data for b in biases]) if all(b is not None for b in biases) else None
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight.data = weight[start : start + rows]
+        if bias is not None:
+            lin.bias.data = bias[start : start + rows]
+        start += rows
+    if bias is None and any(b is not None for b in biases):
+        raise ConfigError("a layer has biases on some of q/k/v (or gate/up) but not all.")
+    return weight, bias
+
+
+def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """The HF RMSNorm module ``norm`` as one ``F.rms_norm`` call: a fused kernel on CUDA
+    (accumulating in float32), where the module's eight elementwise ops are eight launches."""
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -93,8 +94,11 @@ class StaticRunner(ModelRunner):
         self._top_k = torch.zeros(n, dtype=torch.long, device=dev)
         self._temp = torch.ones(n, dtype=torch.float32, device=dev)
         self._top_p = torch.ones(n, dtype=torch.float32, device=dev)
+        self._active = torch.zeros(n, dtype=torch.long, device=dev)  # 1: the slot runs
+        self._filtering = False  # some running row filters (top-k/top-p)
+        self._decode_s = 0.0  # wall time in decode steps (graph or forward, sampling, host)
         self._dirty = True  # the device copies above are stale: rebuild before the next step
-        self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int, bool], tuple[Any, Any]] = {}
         self._graph_pool: Any = None
         self._weight_ptrs = self._param_ptrs()
         self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
@@ -121,11 +125,13 @@ class StaticRunner(ModelRunner):
             kv_tokens_total=self.cache.slots * self.cache.max_len,
             kv_use=used / (self.cache.slots * self.cache.max_len),
             engine="static",
+            decode_ms_per_step=1e3 * self._decode_s / max(self.stats["decode_steps"], 1),
         )
         return out
 
     def set_weight_version(self, version: int | None) -> int:
         if self._param_ptrs() != self._weight_ptrs:  # parameters were replaced, not copied into
+            self.decoder.fuse()
             self._graphs.clear()
             self._weight_ptrs = self._param_ptrs()
         return super().set_weight_version(version)
@@ -163,95 +169,36 @@ class StaticRunner(ModelRunner):
         )
         self.slots.extend(reqs)
         self.lens.extend(lens)
-        self._dirty = True
         self._sync_rows()
+        rows = slice(first, first + n)
+        filtering = any(self._filters(r) for r in reqs)
+        tokens, logprobs, logp = self._sample(logits, rows, filtering)
+        self._tok[rows] = tokens
+        self._draw[rows] += 1
         self._count_forward(n, "prefill_forwards")
-        self._sample_and_advance(logits, first, n, step=0)
+        self._record(first, tokens, logprobs, logp)
 
     @torch.inference_mode()
     def _decode(self) -> None:
+        start = time.perf_counter()
         if self._dirty:
             self._sync_rows()
         b = len(self.slots)
         key_len = max(self.lens) + 1
         if self.use_graphs:
-            logits = self._replay(b, key_len)
+            tokens, logprobs, logp = self._replay(b, key_len)
         else:
-            logits = self.decoder.forward(
-                self.cache, self._tok[:b, None], self._pos[:b, None], 0, key_len
-            )
+            tokens, logprobs, logp = self._step(b, key_len, self._filtering)
         self._count_forward(b, "decode_steps")
         for i in range(b):
             self.lens[i] += 1
-        self._sample_and_advance(logits, 0, b, step=1)
+        self._record(0, tokens[:b], logprobs[:b], logp[:b])
+        self._decode_s += time.perf_counter() - start
 
-    def _replay(self, b: int, key_len: int) -> torch.Tensor:
-        """The decode step's logits (b, V) from the CUDA graph of its buckets."""
-        key = (_bucket(b, self.cache.slots), _bucket(key_len, self.cache.max_len, MIN_KEY_BUCKET))
-        entry = self._graphs.get(key)
-        if entry is None:
-            entry = self._capture(*key)
-            self._graphs[key] = entry
-        graph, out = entry
-        graph.replay()
-        return out[:b]
-
-    def _capture(self, rows: int, key_len: int) -> tuple[Any, torch.Tensor]:
-        """Capture one decode step over slots [0, rows) attending to ``key_len`` positions.
-        Rows past the running ones are free slots: they write at position 0 of their own slot
-        (overwritten by the next prefill there) and their logits are ignored."""
-
-        def step() -> torch.Tensor:
-            return self.decoder.forward(
-                self.cache, self._tok[:rows, None], self._pos[:rows, None], 0, key_len
-            )
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up; writes the same k, v the replay writes
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
-            out = step()
-        self.stats["graphs_captured"] += 1
-        logger.info("captured the decode step for %d rows, %d positions", rows, key_len)
-        return graph, out
-
-    def _sync_rows(self) -> None:
-        """Rebuild the per-slot device state from the host's view of the running requests."""
-        n = self.cache.slots
-        toks, pos, draw, seed, top_k = [0] * n, [0] * n, [0] * n, [0] * n, [0] * n
-        temp, top_p = [1.0] * n, [1.0] * n
-        for i, req in enumerate(self.slots):
-            row = req.row
-            assert row is not None
-            toks[i] = req.output_ids[-1] if req.output_ids else 0
-            pos[i], draw[i], seed[i] = self.lens[i], len(req.output_ids), row.seed
-            top_k[i] = row.top_k if 0 < row.top_k < self.vocab_size else self.vocab_size
-            temp[i], top_p[i] = row.temperature, row.top_p
-        ints = torch.tensor([toks, pos, draw, seed, top_k], dtype=torch.long)
-        floats = torch.tensor([temp, top_p], dtype=torch.float32)
-        ints, floats = ints.to(self.device), floats.to(self.device)
-        for dst, src in zip(
-            (self._tok, self._pos, self._draw, self._seed, self._top_k), ints, strict=True
-        ):
-            dst.copy_(src)
-        self._temp.copy_(floats[0])
-        self._top_p.copy_(floats[1])
-        self._dirty = False
-
-    def _sample_and_advance(self, logits: torch.Tensor, first: int, n: int, step: int) -> None:
-        """Sample rows [first, first + n) on the device, read the tokens back once, record
-        them, finish the rows that are done and free their slots. ``step``: 1 after a decode
-        step (the fed token is in the cache now), 0 after a prefill."""
-        rows = slice(first, first + n)
-        reqs = self.slots[rows]
-        filtering = any(0 < r.params.top_k < self.vocab_size or r.params.top_p < 1.0 for r in reqs)
-        tokens, logprobs, logp = sample_on_device(
+    def _sample(
+        self, logits: torch.Tensor, rows: slice, filtering: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return sample_on_device(
             logits,
             self._temp[rows],
             self._top_p[rows],
@@ -260,14 +207,95 @@ class StaticRunner(ModelRunner):
             self._draw[rows],
             filtering,
         )
-        self._tok[rows] = tokens
-        if step:
-            self._pos[rows] += step
-        self._draw[rows] += 1
-        want = max(r.params.top_logprobs for r in reqs)
+
+    def _step(
+        self, rows: int, key_len: int, filtering: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decode step over slots [0, rows), sampling included, device state advanced:
+        each running row's sampled token becomes its pending one. Rows past the running ones
+        (graph padding) are free slots: they write at position 0 of their own slot
+        (overwritten by the next prefill there) and stay at position 0."""
+        logits = self.decoder.forward(
+            self.cache, self._tok[:rows, None], self._pos[:rows, None], 0, key_len
+        )
+        tokens, logprobs, logp = self._sample(logits, slice(0, rows), filtering)
+        self._tok[:rows] = tokens
+        self._pos[:rows] = (self._pos[:rows] + 1) * self._active[:rows]
+        self._draw[:rows] += 1
+        return tokens, logprobs, logp
+
+    def _replay(self, b: int, key_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decode step from the CUDA graph of its buckets (captured on first use)."""
+        rows = _bucket(b, self.cache.slots)
+        key = (rows, _bucket(key_len, self.cache.max_len, MIN_KEY_BUCKET), self._filtering)
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._capture(*key)
+            self._graphs[key] = entry
+        graph, out = entry
+        graph.replay()
+        return out
+
+    def _capture(self, rows: int, key_len: int, filtering: bool) -> tuple[Any, Any]:
+        """Capture ``_step`` for these buckets. The warm-up runs do the real step once on the
+        side stream, so the state they advance is put back before the capture."""
+        saved = [t.clone() for t in (self._tok, self._pos, self._draw)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._step(rows, key_len, filtering)
+                for t, old in zip((self._tok, self._pos, self._draw), saved, strict=True):
+                    t.copy_(old)
+        torch.cuda.current_stream().wait_stream(side)
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            out = self._step(rows, key_len, filtering)
+        self.stats["graphs_captured"] += 1
+        logger.info("captured the decode step: %d rows, %d positions", rows, key_len)
+        return graph, out
+
+    def _filters(self, req: RunnerRequest) -> bool:
+        p = req.params
+        return 0 < p.top_k < self.vocab_size or p.top_p < 1.0
+
+    def _sync_rows(self) -> None:
+        """Rebuild the per-slot device state from the host's view of the running requests."""
+        n = self.cache.slots
+        toks, pos, draw, seed, top_k = [0] * n, [0] * n, [0] * n, [0] * n, [0] * n
+        active = [0] * n
+        temp, top_p = [1.0] * n, [1.0] * n
+        for i, req in enumerate(self.slots):
+            row = req.row
+            assert row is not None
+            toks[i] = req.output_ids[-1] if req.output_ids else 0
+            pos[i], draw[i], seed[i], active[i] = self.lens[i], len(req.output_ids), row.seed, 1
+            top_k[i] = row.top_k if 0 < row.top_k < self.vocab_size else self.vocab_size
+            temp[i], top_p[i] = row.temperature, row.top_p
+        ints = torch.tensor([toks, pos, draw, seed, top_k, active], dtype=torch.long)
+        floats = torch.tensor([temp, top_p], dtype=torch.float32)
+        ints, floats = ints.to(self.device), floats.to(self.device)
+        dsts = (self._tok, self._pos, self._draw, self._seed, self._top_k, self._active)
+        for dst, src in zip(dsts, ints, strict=True):
+            dst.copy_(src)
+        self._temp.copy_(floats[0])
+        self._top_p.copy_(floats[1])
+        self._filtering = any(self._filters(r) for r in self.slots)
+        self._dirty = False
+
+    def _record(
+        self, first: int, tokens: torch.Tensor, logprobs: torch.Tensor, logp: torch.Tensor
+    ) -> None:
+        """Read the sampled tokens of rows [first, first + n) back (one sync), record them,
+        finish the rows that are done and free their slots."""
+        n = tokens.shape[0]
+        reqs = self.slots[first : first + n]
         host = torch.stack((tokens.double(), logprobs.double())).cpu().tolist()
         top_v: list[list[float]] = []
         top_i: list[list[int]] = []
+        want = max(r.params.top_logprobs for r in reqs)
         if want > 0:
             values, idx = logp.topk(min(want, self.vocab_size), dim=-1)
             top_v, top_i = values.tolist(), idx.tolist()
