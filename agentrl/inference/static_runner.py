@@ -37,6 +37,8 @@ from agentrl.inference.runner import ModelRunner, RunnerRequest
 
 logger = logging.getLogger(__name__)
 MIN_KEY_BUCKET = 64
+MIN_REUSE = 16
+"""Shortest shared prompt prefix worth copying from a running request's slot."""
 DEFAULT_MAX_LEN = 8192
 """Tokens per slot unless ``max_seq_len`` says otherwise (a longer prompt gets a 400)."""
 
@@ -102,7 +104,9 @@ class StaticRunner(ModelRunner):
         self._graph_pool: Any = None
         self._weight_ptrs = self._param_ptrs()
         self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
-        self.stats.update(slots=slots, max_len=max_len, graphs_captured=0)
+        self.stats.update(
+            slots=slots, max_len=max_len, graphs_captured=0, prefix_hit_tokens=0, prompt_tokens=0
+        )
 
     # ---- overrides of the batch bookkeeping --------------------------------------------
     def _running(self) -> list[RunnerRequest]:
@@ -125,6 +129,7 @@ class StaticRunner(ModelRunner):
             kv_tokens_total=self.cache.slots * self.cache.max_len,
             kv_use=used / (self.cache.slots * self.cache.max_len),
             engine="static",
+            prefix_hit_rate=self.stats["prefix_hit_tokens"] / max(self.stats["prompt_tokens"], 1),
             decode_ms_per_step=1e3 * self._decode_s / max(self.stats["decode_steps"], 1),
         )
         return out
@@ -140,32 +145,79 @@ class StaticRunner(ModelRunner):
         return tuple(p.data_ptr() for p in self.model.parameters())
 
     # ---- engine thread ------------------------------------------------------------------
-    def _take_waiting(self) -> list[RunnerRequest]:
+    def _admit_next(self, donors: dict[tuple[int, ...], list[int]]) -> list[RunnerRequest]:
+        """The next requests to prefill. One that starts like another taken now (a GRPO
+        group's prompt) and like no running one waits a step, to reuse the first's KV."""
         room, longest = self._room(), 0
         taken: list[RunnerRequest] = []
+        deferred: list[RunnerRequest] = []
+        heads: set[tuple[int, ...]] = set()
         while self._waiting and len(taken) < room:
-            n = len(self._waiting[0].input_ids)
+            req = self._waiting[0]
+            head = tuple(req.input_ids[:MIN_REUSE])
+            if len(req.input_ids) > MIN_REUSE and head in heads and head not in donors:
+                deferred.append(self._waiting.popleft())
+                continue
+            n = len(req.input_ids)
             if taken and max(longest, n) * (len(taken) + 1) > self.cfg.max_prefill_tokens:
                 break
             longest = max(longest, n)
+            heads.add(head)
             taken.append(self._waiting.popleft())
+        self._waiting.extendleft(reversed(deferred))
         return taken
+
+    def _donors(self) -> dict[tuple[int, ...], list[int]]:
+        """Running slots whose prompt KV the weights served now made, by first prompt tokens
+        (the prefix cache is keyed by weight version: after an update nothing older is
+        reused)."""
+        donors: dict[tuple[int, ...], list[int]] = {}
+        for i, r in enumerate(self.slots):
+            if r.start_version == self.weight_version and not r.version_marks:
+                donors.setdefault(tuple(r.input_ids[:MIN_REUSE]), []).append(i)
+        return donors
+
+    def _reuse(
+        self, reqs: list[RunnerRequest], first: int, donors: dict[tuple[int, ...], list[int]]
+    ) -> list[int]:
+        """Copy into each new request's slot the longest prompt prefix it shares with a
+        donor; returns how many prompt tokens each skips (at least one is always computed)."""
+        starts, src, dst = [], [], []
+        for j, req in enumerate(reqs):
+            best, donor = 0, -1
+            for i in donors.get(tuple(req.input_ids[:MIN_REUSE]), [])[:4]:
+                shared = _common_prefix(req.input_ids, self.slots[i].input_ids)
+                if shared > best:
+                    best, donor = shared, i
+            best = min(best, len(req.input_ids) - 1)
+            if best >= MIN_REUSE:
+                src.append(donor)
+                dst.append(first + j)
+            starts.append(best if best >= MIN_REUSE else 0)
+        if src:
+            self.cache.move(src, dst, max(starts))
+        self.stats["prefix_hit_tokens"] += sum(starts)
+        self.stats["prompt_tokens"] += sum(len(r.input_ids) for r in reqs)
+        return starts
 
     @torch.inference_mode()
     def _prefill(self) -> None:
-        reqs = self._take_waiting()
+        donors = self._donors()
+        reqs = self._admit_next(donors)
         first, n = len(self.slots), len(reqs)
-        longest = max(len(r.input_ids) for r in reqs)
-        ids = torch.zeros((n, longest), dtype=torch.long)
-        for i, r in enumerate(reqs):
+        starts = self._reuse(reqs, first, donors)
+        width = max(len(r.input_ids) - s for r, s in zip(reqs, starts, strict=True))
+        ids = torch.zeros((n, width), dtype=torch.long)
+        for i, (r, s) in enumerate(zip(reqs, starts, strict=True)):
             r.start_version = self.weight_version
-            ids[i, : len(r.input_ids)] = torch.tensor(r.input_ids, dtype=torch.long)
+            ids[i, : len(r.input_ids) - s] = torch.tensor(r.input_ids[s:], dtype=torch.long)
         lens = [len(r.input_ids) for r in reqs]
         dev = self.device
-        pos = torch.arange(longest, device=dev)[None, :].expand(n, longest)
-        last = torch.tensor(lens, device=dev) - 1
+        offsets = torch.tensor(starts, device=dev)[:, None]
+        pos = (offsets + torch.arange(width, device=dev)[None, :]).clamp(max=self.max_context - 1)
+        last = torch.tensor(lens, device=dev) - offsets[:, 0] - 1
         logits = self.decoder.forward(
-            self.cache, ids.to(dev), pos, first_slot=first, key_len=longest, last=last
+            self.cache, ids.to(dev), pos, first_slot=first, key_len=max(lens), last=last
         )
         self.slots.extend(reqs)
         self.lens.extend(lens)
@@ -331,6 +383,14 @@ class StaticRunner(ModelRunner):
                 self.slots[dst], self.lens[dst] = self.slots[src], self.lens[src]
         del self.slots[keep_n:], self.lens[keep_n:]
         self._dirty = True
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def build_runner(cfg: ModelRunner.Config) -> ModelRunner:

@@ -9,6 +9,7 @@ updates seen by the next step, aborts, and a clear error for a cache that holds 
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,52 @@ def test_device_sampling_is_greedy_at_zero_and_filters_top_k() -> None:
     assert torch.allclose(lp, logp.gather(1, tokens[:, None])[:, 0])
     u = uniforms(torch.tensor([1, 1, 2, -5]), torch.tensor([0, 1, 0, 0]))
     assert ((u >= 0) & (u < 1)).all() and len(set(u.tolist())) == 4
+
+
+def test_group_prompts_reuse_the_running_prefix_and_match_teacher_forcing(
+    tiny_model: Path,
+) -> None:
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    runner = _runner(tiny_model)
+    try:
+        prompt = _prompts(1, seed=5)[0] * 4 + list(range(10, 40))  # > MIN_REUSE tokens
+        sp = RequestParams(max_new_tokens=12, temperature=1.0, ignore_eos=True)
+        turn2 = [*prompt, 7, 8, 9]  # a longer prompt sharing the whole first one
+        results = _submit(runner, [prompt] * 4 + [turn2], [sp] * 5, "g")
+        for res, p in zip(results, [prompt] * 4 + [turn2], strict=True):
+            want = _teacher_forced(ref, p, res.output_ids, 1.0)
+            assert (torch.tensor(res.output_logprobs) - want).abs().max().item() <= 1e-5
+        info = runner.info()
+        assert runner.stats["prefix_hit_tokens"] >= 3 * (len(prompt) - 1)
+        assert 0.5 < info["prefix_hit_rate"] < 1.0
+        assert len({tuple(r.output_ids) for r in results[:4]}) > 1  # own seeds, own tokens
+    finally:
+        runner.shutdown()
+
+
+def test_prefix_made_by_older_weights_is_not_reused(tiny_model: Path, tiny_model_b: Path) -> None:
+    model_b = AutoModelForCausalLM.from_pretrained(tiny_model_b, dtype=torch.float32).eval()
+    runner = _runner(tiny_model)
+    try:
+        prompt = list(range(20, 60))
+        long = RequestParams(max_new_tokens=3000, temperature=0.0, ignore_eos=True)
+        first: concurrent.futures.Future[RunnerResult] = concurrent.futures.Future()
+        runner.submit(
+            RunnerRequest(rid="old", input_ids=prompt, params=long, on_done=first.set_result)
+        )
+
+        def update() -> int:
+            apply_named_tensors(runner.model, dict(model_b.state_dict()))
+            return runner.set_weight_version(None)
+
+        while not runner.info()["running"]:
+            time.sleep(0.01)
+        runner.call(update).result(timeout=60)  # "old" runs on, its prompt KV from version 0
+        sp = RequestParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+        after = _submit(runner, [prompt], [sp], "new")[0]
+        assert runner.stats["prefix_hit_tokens"] == 0
+        want = _teacher_forced(model_b, prompt, after.output_ids, 0.0)
+        assert (torch.tensor(after.output_logprobs) - want).abs().max().item() <= 1e-5
+        runner.abort("old").result(timeout=60)
+    finally:
+        runner.shutdown()
