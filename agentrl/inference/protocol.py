@@ -58,7 +58,8 @@ class Completion:
     latency_s: float = 0.0
     output_versions: list[int] = field(default_factory=list)  # [C]; empty: all weight_version
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
-    """[C][k] (logprob, token id), most likely first, when ``SamplingParams.top_logprobs`` > 0."""
+    """Per output token, its k best (logprob, token id), most likely first, when
+    ``SamplingParams.top_logprobs`` > 0."""
 
 
 @runtime_checkable
