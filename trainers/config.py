@@ -274,6 +274,9 @@ class InferenceConfig:
     """Restart a dead server on its port and route to it again once it has the current weights."""
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     """Requests a server decodes together."""
+    engine: str = "auto"
+    """Embedded servers' engine: static (slot KV cache, CUDA graphs), dynamic (transformers'
+    cache) or auto (static for llama/mistral/qwen2/qwen3 models); see docs/guides/inference.md."""
     num_threads: int = 0
     """torch threads per server (0: one less than the CPU count on CPU, 2 on CUDA; embedded only)."""
     startup_timeout_s: float = 180.0
@@ -298,6 +301,10 @@ class InferenceConfig:
         return {"embedded": "ipc", "vllm": "vllm"}.get(self.backend, "disk")
 
     def validate(self) -> None:
+        if self.engine not in ("auto", "static", "dynamic"):
+            raise ConfigError(
+                f"inference.engine must be auto, static or dynamic, got {self.engine!r}"
+            )
         paths = _SYNC_PATHS.get(self.backend)
         if paths is None:
             raise ConfigError(

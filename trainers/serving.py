@@ -222,7 +222,7 @@ class Fleet:
                     num_threads=c.num_threads,
                     startup_timeout_s=c.startup_timeout_s,
                     log_path=log_path,
-                    extra_args=["--device", device],
+                    extra_args=["--device", device, "--engine", c.engine],
                 )
             )
         gpu = device.partition(":")[2] if device.startswith("cuda") else ""

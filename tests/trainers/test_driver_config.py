@@ -21,6 +21,7 @@ def test_defaults_with_an_env_validate() -> None:
         (["train.steps=0"], "train.steps"),
         (["inference.backend=tgi"], "embedded, vllm, sglang"),
         (["inference.backend=vllm", "inference.weight_sync=tensors"], "auto, vllm, disk"),
+        (["inference.engine=paged"], "inference.engine must be auto, static or dynamic"),
         (["algo.loss_agg=token_mean"], "token-mean"),
     ],
 )
