@@ -277,6 +277,9 @@ class InferenceConfig:
     engine: str = "auto"
     """Embedded servers' engine: static (slot KV cache, CUDA graphs), dynamic (transformers'
     cache) or auto (static for llama/mistral/qwen2/qwen3 models); see docs/guides/inference.md."""
+    kv_cache_gb: float = 0.0
+    """Static engine: KV cache memory per server (0: 60% of the free GPU memory at its start,
+    at most max_batch_size requests of 8192 tokens); set it when the trainer shares the GPU."""
     num_threads: int = 0
     """torch threads per server (0: one less than the CPU count on CPU, 2 on CUDA; embedded only)."""
     startup_timeout_s: float = 180.0

@@ -222,7 +222,10 @@ class Fleet:
                     num_threads=c.num_threads,
                     startup_timeout_s=c.startup_timeout_s,
                     log_path=log_path,
-                    extra_args=["--device", device, "--engine", c.engine],
+                    extra_args=[
+                        *("--device", device, "--engine", c.engine),
+                        *("--kv-cache-gb", str(c.kv_cache_gb)),
+                    ],
                 )
             )
         gpu = device.partition(":")[2] if device.startswith("cuda") else ""
