@@ -56,7 +56,9 @@ def test_sync_api_for_async_envs_and_the_sync_adapter(cls: type[Env]) -> None:
 
 
 async def test_the_sync_wrappers_refuse_to_run_inside_an_event_loop() -> None:
-    with pytest.raises(RuntimeError, match=r"await areset\(\)/astep\(\)/aclose\(\) instead"):
+    with pytest.raises(
+        RuntimeError, match=r"await areset\(\)/astep\(\)/aclose\(\)/ademonstration\(\) instead"
+    ):
         AsyncEcho().reset(seed=0)
 
 
