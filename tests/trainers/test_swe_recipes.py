@@ -55,6 +55,7 @@ def test_the_gpu_recipe_is_the_cpu_curriculum_at_larger_scale() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.recipe  # ~2-3 min; .ci/run leaves it out (45-minute budget)
 def test_the_swe_recipe_trains_end_to_end_for_two_rl_steps(tmp_path: Path) -> None:
     """Prepare (reused when done), SFT on oracle demonstrations, eval, 2 GRPO steps, eval."""
     if shutil.which("bwrap") is None:
