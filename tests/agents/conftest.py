@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentrl.chat import ChatTemplate
 from agentrl.env import Env, register_env
+from agentrl.inference.launch import ServerProcess
 from agentrl.tiny import build_tokenizer
 from agentrl.tool import ToolSet
 from agentrl.types import Message, system, user
@@ -81,3 +84,11 @@ def tiny_model_path(tmp_path_factory):  # type: ignore[no-untyped-def]
     from agentrl.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
+    """An embedded server on the tiny model, one per test module (the gateway tests)."""
+    cfg = ServerProcess.Config(model=str(tiny_model_path), max_batch_size=8, num_threads=1)
+    with ServerProcess(cfg) as proc:
+        yield proc

@@ -6,7 +6,6 @@ breaks mid-way. A real embedded server (tiny model) answers unless a test says o
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,6 @@ from agentrl.types import RolloutStatus, Sample, Trajectory
 from agents.gateway_agent import GatewayAgentLoop, GatewayTask
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
-    cfg = ServerProcess.Config(model=str(tiny_model_path), max_batch_size=8, num_threads=1)
-    with ServerProcess(cfg) as proc:
-        yield proc
 
 
 async def collect(
