@@ -29,6 +29,19 @@ rollouts, GPU generation, more nodes - adds phases and keys here, never a second
     them, during the step (``agentrl.distributed.traffic``; the weight sync's
     ``named_weights`` is part of ``bytes_in``).
 
+``async/staleness_mean``, ``async/staleness_max``, ``async/staleness_frac_<k>``
+    ``train.mode`` one_step_off and async only: how many weight versions the trained policy is
+    ahead of the version that generated each trained (loss-mask) token; the mean, the maximum
+    and the histogram as the fraction of trained tokens at staleness k (k = 0 .. the mode's
+    bound). The maximum never exceeds the bound (the driver stops with an error if it would).
+``async/buffer_groups``, ``async/in_flight_groups``
+    When the step took its batch: finished groups waiting for a later step (the buffer's
+    depth), and groups still generating.
+``async/trainer_wait_s``, ``async/generation_idle_s``
+    The trainer's idle time (waiting for its batch; also ``timing/generate_s``) and the time
+    since the last step in which no rollout was in flight (generation idle, e.g. held back by
+    admission control).
+
 A rate whose time or count is missing or zero is left out rather than logged as 0 or inf.
 """
 
@@ -39,16 +52,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "BUFFER_GROUPS",
     "BYTES_IN",
     "BYTES_OUT",
+    "GENERATION_IDLE_S",
     "GEN_TOKENS",
     "GEN_TOKENS_PER_S",
+    "IN_FLIGHT_GROUPS",
     "PHASES",
     "SAMPLES_PER_S",
+    "STALENESS_MAX",
+    "STALENESS_MEAN",
     "STEP_S",
+    "TRAINER_WAIT_S",
     "TRAIN_TOKENS",
     "TRAIN_TOKENS_PER_S",
     "StepCounts",
+    "staleness_frac_key",
     "step_metrics",
     "timing_key",
 ]
@@ -64,6 +84,17 @@ TRAIN_TOKENS_PER_S = "throughput/train_tokens_per_s"
 SAMPLES_PER_S = "throughput/samples_per_s"
 BYTES_OUT = "driver/bytes_out"
 BYTES_IN = "driver/bytes_in"
+STALENESS_MEAN = "async/staleness_mean"
+STALENESS_MAX = "async/staleness_max"
+BUFFER_GROUPS = "async/buffer_groups"
+IN_FLIGHT_GROUPS = "async/in_flight_groups"
+TRAINER_WAIT_S = "async/trainer_wait_s"
+GENERATION_IDLE_S = "async/generation_idle_s"
+
+
+def staleness_frac_key(k: int) -> str:
+    """``async/staleness_frac_<k>``: the fraction of trained tokens k versions old."""
+    return f"async/staleness_frac_{k}"
 
 
 def timing_key(phase: str) -> str:

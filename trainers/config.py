@@ -252,6 +252,14 @@ class TrainConfig:
     max_failed_steps: int = 3
     """Stop the run (TrainingError) after this many consecutive steps above
     ``train.max_error_rate`` (or with every rollout failed); 0 never stops."""
+    mode: str = "sync"
+    """sync: generate a batch, then train on it (on-policy). one_step_off: the batch of step
+    k+1 generates while step k trains (staleness 1). async: batches stream in while the trainer
+    consumes, bounded by ``max_staleness`` (docs/guides/async.md)."""
+    max_staleness: int | None = None
+    """mode=async only (required there): how many weight versions older than the trained
+    policy any trained token may be; admission control holds back rollouts that could exceed
+    it. 0 is sync."""
 
 
 @dataclass(kw_only=True)
@@ -410,6 +418,7 @@ class RunConfig:
         _validate_shapes(self)
         _validate_names(self)
         _validate_algo_options(self)
+        _validate_mode(self)
         self.logging.validate()
         self.trajectories.validate()
         self.reward.build_rubric()
@@ -539,6 +548,42 @@ def _validate_algo_options(cfg: RunConfig) -> None:
             raise ConfigError(
                 f"algo.overlong.cache_len must be in (0, algo.overlong.max_len={ol.max_len}], got "
                 f"{ol.cache_len}; try algo.overlong.cache_len={max(1, ol.max_len // 4)}"
+            )
+
+
+TRAIN_MODES = ("sync", "one_step_off", "async")
+
+
+def _validate_mode(cfg: RunConfig) -> None:
+    """``train.mode`` and ``train.max_staleness``, and what the overlapped modes lack yet."""
+    t = cfg.train
+    if t.mode not in TRAIN_MODES:
+        raise ConfigError(f"train.mode must be one of {', '.join(TRAIN_MODES)}, got {t.mode!r}")
+    if t.mode == "async":
+        if t.max_staleness is None:
+            raise ConfigError(
+                "train.mode=async needs train.max_staleness (weight versions a trained token may "
+                "lag the policy); try train.max_staleness=2, or 0 for sync-equivalent training"
+            )
+        if t.max_staleness < 0:
+            raise ConfigError(f"train.max_staleness must be >= 0, got {t.max_staleness}")
+    elif t.max_staleness is not None:
+        fixed = "is always 0" if t.mode == "sync" else "is always 1"
+        raise ConfigError(
+            f"train.max_staleness ({t.max_staleness}) is only for train.mode=async; with "
+            f"train.mode={t.mode} staleness {fixed}. Drop it, or set train.mode=async."
+        )
+    if t.mode == "sync":
+        return
+    unsupported = [
+        ("algo.filter_groups=true", cfg.algo.filter_groups),
+        ("algo.adv_estimator=remax", cfg.algo.adv_estimator == "remax"),
+    ]
+    for what, on in unsupported:
+        if on:
+            raise ConfigError(
+                f"{what} is not built for train.mode={t.mode} yet (only train.mode=sync); "
+                "see docs/guides/async.md"
             )
 
 

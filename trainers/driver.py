@@ -1,4 +1,4 @@
-"""The RL driver: one synchronous on-policy loop, readable top to bottom.
+"""The RL driver: one loop, readable top to bottom, for every ``train.mode``.
 
     setup:  local Ray -> base model (tiny or HF dir) -> [SFT warm-up] -> embedded servers
             -> worker groups (actor, [ref], [critic]) -> [resume from the latest checkpoint]
@@ -12,7 +12,10 @@
 
 Features are steps of ``Trainer.step`` (KL, critic, group filtering, overlong handling, rollout
 IS correction, remax baselines), never a second loop. A ``reward.rubric`` rescores every group
-inside the collector.
+inside the collector. ``train.mode`` is a step too: ``sync`` collects the batch in
+``collect``; ``one_step_off`` and ``async`` take it from ``AsyncRollouts``
+(trainers/async_rollout.py), which generates later batches while ``learn`` runs in a thread,
+and train with the decoupled PPO objective (docs/guides/async.md).
 The driver owns the data cursor (which samples come next), the weight version and the
 run's RNG; the engines own model/optimizer/scheduler state; a checkpoint holds both.
 """
@@ -26,8 +29,6 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
-
-import torch
 
 from agentrl.algos import (
     ADV_ESTIMATORS,
@@ -52,7 +53,8 @@ from agentrl.errors import ConfigError, TrainingError
 from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress, read_jsonl
 from agentrl.metrics_schema import StepCounts, step_metrics
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.types import Trajectory, TrajectoryGroup
+from agentrl.types import TrajectoryGroup
+from trainers.async_rollout import AsyncRollouts, staleness_bound, staleness_metrics
 from trainers.checkpoint import (
     CheckpointManager,
     TrainerState,
@@ -71,7 +73,7 @@ from trainers.runtime import (
 )
 from trainers.serving import Fleet
 from trainers.sft import warm_up
-from trainers.shaping import apply_overlong, length_penalty
+from trainers.shaping import apply_overlong, set_greedy_baselines
 from trainers.trajectory_log import TrajectoryLog
 from trainers.updates import report_skipped_updates
 from trainers.workers import ActorWorker, CriticUpdate, CriticWorker, PolicyUpdate, RefWorker
@@ -100,6 +102,8 @@ class Trainer:
         self._pool: ResourcePool | None = None
         self._owns_ray = False
         self.fleet: Fleet | None = None
+        self.rollouts: AsyncRollouts | None = None  # one_step_off / async: the producer
+        self.bound = staleness_bound(cfg.train.mode, cfg.train.max_staleness)
         self.metrics_log: MetricsLogger | None = None
         self.trajectory_log = TrajectoryLog(cfg.trajectories, self.run_dir)
 
@@ -155,6 +159,8 @@ class Trainer:
         self._build_workers()
         if state is not None:
             self._restore(state)
+        if cfg.train.mode != "sync":
+            self.rollouts = self._async_rollouts()
         self.metrics_log = MetricsLogger(
             cfg.logging, self.run_dir, name=cfg.name, run_config=to_dict(cfg)
         )
@@ -166,27 +172,22 @@ class Trainer:
         TRAFFIC.take()  # what the step before left (checkpoint, eval) is not this step's
         self._gen_tokens = 0
         with self.timer.time("generate"):
-            groups, filter_metrics = self.collect()
+            groups, filter_metrics = self.collect() if self.rollouts is None else self.take(step)
         self._check_rollouts(groups, step)
         batch = TrainBatch.from_groups(groups, self.pad_id)
         metrics = {**RolloutCollector.metrics(groups), **filter_metrics}
-        if cfg.algo.adv_estimator == "remax":
-            with self.timer.time("baseline"):
-                metrics |= self.greedy_baselines(groups, batch)
-        metrics |= self.overlong(batch)
-        with self.timer.time("logprob"):
-            metrics |= self.score(batch)
-        with self.timer.time("adv"):
-            metrics |= self.advantages(batch)
-        with self.timer.time("update"):
-            metrics |= self.update(batch)
-        self.trajectory_log.write(step, groups, batch)  # for `agentrl view`
-        report_skipped_updates(metrics, step)
+        if self.rollouts is not None:  # raises if a token is older than the bound
+            metrics |= staleness_metrics(batch.versions, batch.loss_mask, self.version, self.bound)
+            metrics |= self.rollouts.overlap(lambda: self.learn(step, groups, batch))
+        else:
+            metrics |= self.learn(step, groups, batch)
         if self.ref is not None:  # the coefficient of the next step (adaptive controller)
             self.kl_ctl.update(metrics["train/kl"], n_steps=int(batch.sample_mask.sum()))
         with self.timer.time("sync"):
             self.sync_weights(self.version + 1)
-        self.step_done = step  # the data cursor moved in collect()
+        if self.rollouts is not None:
+            self.rollouts.after_sync()  # admission control: the new version may admit a batch
+        self.step_done = step  # the data cursor moved in collect() / take()
         metrics |= self.fleet.metrics() if self.fleet is not None else {}
         counts = StepCounts(
             gen_tokens=self._gen_tokens,
@@ -205,6 +206,49 @@ class Trainer:
         if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
             self.metrics_log.log(self.evaluate(f"step {step}"), step)
         return metrics
+
+    def learn(
+        self, step: int, groups: list[TrajectoryGroup], batch: TrainBatch
+    ) -> dict[str, float]:
+        """Everything between a batch and its weight sync (in a thread in overlapped modes)."""
+        metrics: dict[str, float] = {}
+        if self.cfg.algo.adv_estimator == "remax":
+            with self.timer.time("baseline"):
+                metrics |= self.greedy_baselines(groups, batch)
+        metrics |= self.overlong(batch)
+        with self.timer.time("logprob"):
+            metrics |= self.score(batch)
+        with self.timer.time("adv"):
+            metrics |= self.advantages(batch)
+        with self.timer.time("update"):
+            metrics |= self.update(batch)
+        self.trajectory_log.write(step, groups, batch)  # for `agentrl view`
+        report_skipped_updates(metrics, step)
+        return metrics
+
+    def take(self, step: int) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        """Overlapped modes: step ``step``'s groups from the producer, and its buffer metrics."""
+        assert self.rollouts is not None
+        groups, metrics = self.rollouts.next_batch(step)
+        self.cursor += len(groups)  # the first untrained sample: what a checkpoint resumes at
+        self._gen_tokens += sum(t.num_generated_tokens for g in groups for t in g.trajectories)
+        return groups, metrics
+
+    def _async_rollouts(self) -> AsyncRollouts:
+        assert self.fleet is not None and self.fleet.generator is not None
+        return AsyncRollouts(
+            mode=self.cfg.train.mode,
+            bound=self.bound,
+            batch_size=self.cfg.train.batch_size,
+            first_step=self.step_done + 1,
+            last_step=self.cfg.train.steps,
+            first_sample=self.cursor,
+            sample=self.cfg.data.sample,
+            collect=self.collector.collect_ordered,
+            forget=self.fleet.generator.forget,
+            version=lambda: self.version,
+            loop=self.fleet.loop,
+        )
 
     def _check_rollouts(self, groups: list[TrajectoryGroup], step: int) -> None:
         """Warn when too many rollouts of a step failed in the machinery; stop when it persists.
@@ -262,7 +306,7 @@ class Trainer:
             self.cursor += len(samples)
             assert self.fleet is not None
             groups = self.fleet.collect(self.collector, samples)
-            self._gen_tokens += sum(_generated_tokens(t) for g in groups for t in g.trajectories)
+            self._gen_tokens += sum(t.num_generated_tokens for g in groups for t in g.trajectories)
             if not self.cfg.algo.filter_groups:
                 return groups, {}
             keep = group_has_signal([g.rewards_G for g in groups])
@@ -319,7 +363,7 @@ class Trainer:
             out["train/kl"] = float(masked_mean(kl, mask))
             out["train/kl_coef"] = self.kl_ctl.value
         ris = cfg.algo.rollout_is
-        if ris.enabled:  # the servers sampled from mu, the loss assumes pi_old: reweight
+        if ris.enabled or self.bound:  # sampled from mu (older weights, other kernels): reweight
             is_cfg = ISCorrectionConfig(level=ris.level, cap=ris.cap)  # type: ignore[arg-type]
             weights, m = rollout_is_weights(
                 batch["old_logprobs"], batch.rollout_logprobs, mask, is_cfg
@@ -384,7 +428,7 @@ class Trainer:
             epochs=cfg.train.ppo_epochs,
             num_mini_batches=num_mini,
             temperature=cfg.rollout.temperature,
-            is_weights=cfg.algo.rollout_is.enabled,
+            is_weights=cfg.algo.rollout_is.enabled or self.bound > 0,  # decoupled PPO
         )
         policy = self.actor.call_sharded(ActorWorker.update_policy, shards.on(self.actor), spec)
         out |= mean_metrics(policy)
@@ -399,25 +443,7 @@ class Trainer:
         greedy_cfg = replace(self.cfg.rollout, group_size=1, temperature=0.0)
         collector = self.fleet.collector(greedy_cfg, self.template, rubric=self.rubric)
         greedy = self.fleet.collect(collector, [g.trajectories[0].sample for g in groups])
-        baseline: dict[str, float] = {}
-        fallbacks = 0
-        for group, g in zip(groups, greedy, strict=True):
-            t = g.trajectories[0]
-            if t.status.is_infra_failure:  # no greedy reward: the group's own mean stands in
-                ok = [x.reward for x in group.trajectories if not x.status.is_infra_failure]
-                baseline[group.uid] = sum(ok) / len(ok) if ok else 0.0
-                fallbacks += 1
-                continue
-            pen = length_penalty(
-                torch.tensor([float(_generated_tokens(t))]), self.cfg.algo.overlong
-            )
-            baseline[group.uid] = t.reward + float(pen[0])
-        batch["baseline_rewards"] = torch.tensor([baseline[r.uid] for r in batch.rows])
-        values = list(baseline.values())
-        return {
-            "train/baseline_reward_mean": sum(values) / len(values),
-            "train/baseline_fallback_rate": fallbacks / len(groups),
-        }
+        return set_greedy_baselines(batch, groups, greedy, self.cfg.algo.overlong)
 
     def overlong(self, batch: TrainBatch) -> dict[str, float]:
         """DAPO overlong handling on ``batch`` (``trainers.shaping.apply_overlong``)."""
@@ -574,6 +600,9 @@ class Trainer:
         )
 
     def close(self) -> None:
+        if self.rollouts is not None:  # in-flight rollouts: cancelled, re-admitted on resume
+            self.rollouts.close()
+            self.rollouts = None
         if self.fleet is not None:  # first: server processes outlive a driver that dies here
             self.fleet.close()
             self.fleet = None
@@ -593,7 +622,3 @@ def kl_controller(kl: KLConfig) -> FixedKLController | AdaptiveKLController:
     if kl.controller == "adaptive":
         return AdaptiveKLController(value=kl.coef, target=kl.target, horizon=kl.horizon)
     return FixedKLController(value=kl.coef)
-
-
-def _generated_tokens(traj: Trajectory) -> int:
-    return sum(int(sum(s.loss_mask)) for s in traj.segments)

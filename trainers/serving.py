@@ -29,7 +29,7 @@ import hashlib
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TypeVar
@@ -97,6 +97,12 @@ class SeededGenerator:
     def reset(self) -> None:
         self._turns.clear()
 
+    def forget(self, uids: Sequence[str]) -> None:
+        """Drop the turn counters of these samples' rollouts (others may still be in flight)."""
+        done = set(uids)
+        for key in [k for k in self._turns if k[0] in done]:
+            del self._turns[key]
+
 
 class SeededCollector(RolloutCollector):
     """A RolloutCollector whose rollouts are numbered within their group (for request seeds)."""
@@ -118,10 +124,19 @@ class SeededCollector(RolloutCollector):
         _ROLLOUT_KEY.set((sample.uid, member))  # this task's own context
         return await super().run_trajectory(sample)
 
-    async def collect_ordered(self, samples: Sequence[Sample]) -> list[TrajectoryGroup]:
-        """Groups of ``samples`` in sample order (they stream in completion order)."""
+    async def collect_ordered(
+        self,
+        samples: Sequence[Sample],
+        on_group: Callable[[TrajectoryGroup], None] | None = None,
+    ) -> list[TrajectoryGroup]:
+        """Groups of ``samples`` in sample order (they stream in completion order; ``on_group``
+        sees each as it finishes)."""
         order = {s.uid: i for i, s in enumerate(samples)}
-        groups = [g async for g in self.stream(samples)]
+        groups: list[TrajectoryGroup] = []
+        async for g in self.stream(samples):
+            groups.append(g)
+            if on_group is not None:
+                on_group(g)
         for s in samples:
             self._members.pop(s.uid, None)
         return sorted(groups, key=lambda g: order[g.uid])
@@ -291,8 +306,8 @@ class Fleet:
         self, collector: SeededCollector, samples: Sequence[Sample]
     ) -> list[TrajectoryGroup]:
         groups = self.run(collector.collect_ordered(samples))
-        if self.generator is not None:
-            self.generator.reset()
+        if self.generator is not None:  # only these: other rollouts may be in flight (async)
+            self.generator.forget([s.uid for s in samples])
         return groups
 
     def sync(self, named: Mapping[str, torch.Tensor], version: int, *, verify: bool) -> None:

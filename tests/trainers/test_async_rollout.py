@@ -1,0 +1,255 @@
+"""``train.mode`` without a model: config checks, admission control, staleness, version races.
+
+The producer (``AsyncRollouts``) is driven by a simulated trainer on a plain event loop with
+fake collectors that tag each group with the weight versions live while it generated; the
+version race runs the real collector and ledger against a generator whose weights change
+between a request and its response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.batch import TrainBatch
+from agentrl.chat import ChatTemplate
+from agentrl.errors import ConfigError, TrainingError
+from agentrl.inference.protocol import Completion, SamplingParams
+from agentrl.rollout.collector import CollectorConfig
+from agentrl.tiny import make_tiny_model
+from agentrl.types import Sample, Segment, Trajectory, TrajectoryGroup
+from trainers.async_rollout import AsyncRollouts, staleness_bound, staleness_metrics
+from trainers.config import load_run_config
+from trainers.serving import SeededCollector, SeededGenerator
+
+ENV = "data.envs=[{id: arith/Calculator-v0}]"
+
+
+# ---------------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["train.mode=offpolicy"], "sync, one_step_off, async"),
+        (["train.max_staleness=1"], r"only for train.mode=async.*staleness is always 0"),
+        (["train.mode=one_step_off", "train.max_staleness=2"], "is always 1"),
+        (["train.mode=async"], "needs train.max_staleness"),
+        (["train.mode=async", "train.max_staleness=-1"], ">= 0"),
+        (["train.mode=async", "train.max_staleness=1", "algo.filter_groups=true"], "not built"),
+        (["train.mode=one_step_off", "algo.adv_estimator=remax"], "not built"),
+    ],
+)
+def test_invalid_mode_combinations_are_config_errors(overrides: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_run_config(None, [ENV, *overrides])
+
+
+def test_valid_modes_and_their_bounds() -> None:
+    for overrides, bound in (
+        ([], 0),
+        (["train.mode=one_step_off"], 1),
+        (["train.mode=async", "train.max_staleness=3"], 3),
+    ):
+        t = load_run_config(None, [ENV, *overrides]).train
+        assert staleness_bound(t.mode, t.max_staleness) == bound
+
+
+# ---------------------------------------------------------------------------- admission
+def _sample(i: int) -> Sample:
+    return Sample(env_id="e", seed=i, uid=f"train-{i}")
+
+
+def _group(sample: Sample, versions: list[int]) -> TrajectoryGroup:
+    seg = Segment()
+    seg.extend_prompt([1, 2])
+    seg.extend_generated([3] * len(versions), [-0.5] * len(versions), versions)
+    traj = Trajectory(sample=sample, segments=[seg], reward=1.0)
+    return TrajectoryGroup(uid=sample.uid, trajectories=[traj])
+
+
+class _Sim:
+    """A trainer's version and a fake collector whose groups take random times; each group's
+    tokens carry the versions that were live while it generated (an update lands mid-rollout)."""
+
+    def __init__(self, seed: int = 0, gen_s: float = 0.01) -> None:
+        self.version = 0
+        self.rng = random.Random(seed)
+        self.gen_s = gen_s
+        self.started: list[tuple[int, int]] = []  # (sample index, version at start)
+        self.forgotten: list[str] = []
+
+    async def collect(
+        self, samples: Sequence[Sample], on_group: Callable[[TrajectoryGroup], None] | None = None
+    ) -> list[TrajectoryGroup]:
+        async def one(s: Sample) -> TrajectoryGroup:
+            self.started.append((s.seed or 0, self.version))
+            versions = [self.version]
+            for _ in range(3):
+                await asyncio.sleep(self.rng.random() * self.gen_s)
+                versions.append(self.version)
+            g = _group(s, versions)
+            if on_group is not None:
+                on_group(g)
+            return g
+
+        return list(await asyncio.gather(*(one(s) for s in samples)))
+
+
+def _producer(sim: _Sim, loop: asyncio.AbstractEventLoop, mode: str, bound: int) -> AsyncRollouts:
+    return AsyncRollouts(
+        mode=mode,
+        bound=bound,
+        batch_size=3,
+        first_step=1,
+        last_step=6,
+        first_sample=0,
+        sample=_sample,
+        collect=sim.collect,
+        forget=sim.forgotten.extend,
+        version=lambda: sim.version,
+        loop=loop,
+    )
+
+
+def _train(sim: _Sim, rollouts: AsyncRollouts, steps: int, train_s: float) -> list[list[str]]:
+    """The driver's step order: take the batch, check staleness, train (overlapped), sync."""
+    trained = []
+    for step in range(1, steps + 1):
+        groups, m = rollouts.next_batch(step)
+        assert m["async/buffer_groups"] >= 0 and m["async/in_flight_groups"] >= 0
+        batch = TrainBatch.from_groups(groups, pad_token_id=0)
+        staleness_metrics(batch.versions, batch.loss_mask, sim.version, rollouts.bound)
+        rollouts.overlap(lambda: __import__("time").sleep(sim.rng.random() * train_s))
+        sim.version += 1
+        rollouts.after_sync()
+        trained.append([g.uid for g in groups])
+    return trained
+
+
+@pytest.mark.parametrize(("mode", "bound"), [("async", 0), ("one_step_off", 1), ("async", 2)])
+def test_batches_are_data_order_within_the_bound_nothing_lost(mode: str, bound: int) -> None:
+    for seed in range(3):
+        sim, loop = _Sim(seed), asyncio.new_event_loop()
+        try:
+            rollouts = _producer(sim, loop, mode, bound)
+            trained = _train(sim, rollouts, steps=6, train_s=0.02)
+        finally:
+            loop.close()
+        assert trained == [[f"train-{i}" for i in range(3 * s, 3 * s + 3)] for s in range(6)]
+        for index, version in sim.started:  # admission control: step s starts at >= s-1-bound
+            assert version >= index // 3 - bound
+        assert sorted(sim.forgotten) == sorted(f"train-{i}" for i in range(18))
+
+
+def test_staleness_zero_never_generates_ahead() -> None:
+    sim, loop = _Sim(), asyncio.new_event_loop()
+    try:
+        rollouts = _producer(sim, loop, "async", 0)
+        rollouts.next_batch(1)
+        assert not rollouts.admissible(2)  # version 0: step 2 must wait for version 1
+        sim.version = 1
+        assert rollouts.admissible(2)
+    finally:
+        rollouts.close()
+        loop.close()
+
+
+def test_one_step_off_admits_the_next_batch_once_the_last_finished() -> None:
+    sim, loop = _Sim(gen_s=0.05), asyncio.new_event_loop()
+    try:
+        rollouts = _producer(sim, loop, "one_step_off", 1)
+        rollouts.admit()
+        assert [i for i, _ in sim.started] == []  # tasks start when the loop runs
+        assert not rollouts.admissible(2)  # step 1 still generating
+        rollouts.next_batch(1)  # step 1 finished: its done callback admitted step 2
+        loop.run_until_complete(asyncio.sleep(0))
+        assert sorted(i for i, _ in sim.started) == list(range(6))
+        assert not rollouts.admissible(3)  # version 0 < 3 - 2
+    finally:
+        rollouts.close()
+        loop.close()
+
+
+def test_close_cancels_in_flight_batches() -> None:
+    sim, loop = _Sim(gen_s=1.0), asyncio.new_event_loop()
+    rollouts = _producer(sim, loop, "async", 5)
+    rollouts.admit()
+    loop.run_until_complete(asyncio.sleep(0.01))
+    rollouts.close()
+    assert not rollouts.admissible(1)
+    assert not [t for t in asyncio.all_tasks(loop) if not t.done()]
+    loop.close()
+
+
+# ---------------------------------------------------------------------------- staleness
+def test_staleness_histogram_and_the_bound() -> None:
+    versions = torch.tensor([[-1, 3, 3, 4, -1], [-1, 2, 4, -1, -1]])  # (B, T)
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 1, 1, 0, 0]])
+    m = staleness_metrics(versions, mask, policy_version=4, bound=2)
+    assert m["async/staleness_max"] == 2.0
+    assert m["async/staleness_frac_0"] == pytest.approx(2 / 5)
+    assert m["async/staleness_frac_1"] == pytest.approx(2 / 5)
+    assert m["async/staleness_frac_2"] == pytest.approx(1 / 5)
+    with pytest.raises(TrainingError, match="3 weight versions old"):
+        staleness_metrics(versions, mask, policy_version=5, bound=2)
+    with pytest.raises(TrainingError, match="admission control failed"):
+        staleness_metrics(versions, mask, policy_version=3, bound=2)  # a token from the future
+
+
+# ---------------------------------------------------------------------------- version race
+class _RacingServer:
+    """A Generator whose weights move to the next version between a request and its response
+    (mid-completion for the first request: the tokens after the update carry the new one)."""
+
+    def __init__(self, template: ChatTemplate) -> None:
+        self.template = template
+        self.version = 7
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Completion:
+        before = self.version
+        await asyncio.sleep(0)
+        self.version += 1  # the update lands while this request is in flight
+        ids = self.template.encode("8") + list(self.template.stop_token_ids[:1])
+        versions = [before] + [self.version] * (len(ids) - 1)
+        return Completion(
+            output_ids=ids,
+            output_logprobs=[-0.1] * len(ids),
+            finish_reason="stop",
+            weight_version=self.version,
+            output_versions=versions,
+            prompt_tokens=len(input_ids),
+        )
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> ChatTemplate:
+    path: Path = make_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=32, num_layers=1)
+    return ChatTemplate.from_pretrained(path)
+
+
+def test_an_update_between_request_and_response_is_tagged_per_token(
+    template: ChatTemplate,
+) -> None:
+    server = _RacingServer(template)
+    cfg = CollectorConfig(
+        group_size=2, max_turns=2, max_new_tokens=4, agent="env_driver", tool_parser=None
+    )
+    collector = SeededCollector(cfg, SeededGenerator(server, 0), template)
+    samples = [Sample(env_id="games/GuessNumber-v0", seed=1, uid="train-0")]
+    groups = asyncio.run(collector.collect_ordered(samples))
+    batch = TrainBatch.from_groups(groups, pad_token_id=0)
+    generated = batch.versions[batch.loss_mask.bool()]
+    assert int(generated.min()) == 7 and int(generated.max()) == server.version
+    assert len(set(generated.tolist())) > 2  # tokens of one trajectory span versions
+    # Trained by the latest weights, the oldest token's staleness counts, not the newest's.
+    span = server.version - 7
+    m = staleness_metrics(batch.versions, batch.loss_mask, server.version, bound=span)
+    assert m["async/staleness_max"] == span
+    with pytest.raises(TrainingError):
+        staleness_metrics(batch.versions, batch.loss_mask, server.version, bound=span - 1)

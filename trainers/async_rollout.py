@@ -1,0 +1,210 @@
+"""Overlapped rollouts for ``train.mode`` one_step_off and async: a producer ahead of the trainer.
+
+    AsyncRollouts, on the Fleet's event loop (the driver thread runs it whenever it waits):
+        admit()            start step s's batch when admission control allows it:
+                             async         servers' weight version >= s - 1 - max_staleness
+                             one_step_off  version >= s - 2 and step s-1's batch has finished
+        next_batch(s)      wait for step s's groups (every admitted rollout progresses meanwhile)
+        overlap(fn)        the trainer's work in a thread while the loop keeps generating
+        after_sync()       the version moved: admit what it now allows
+    staleness_metrics(batch versions, loss mask, policy version, bound) -> async/staleness_*
+
+Step s trains with the weights of version s-1 and syncs version s. A batch admitted at version v
+yields tokens of version >= v (the servers apply an update between two decode steps and tag the
+later tokens with the new version), so admitting step s only at v >= s-1-bound keeps every
+trained token at most ``bound`` versions old, with no finished group thrown away.
+
+Departure from completion-order buffers (as in AReaL): batches are fixed in data order - step
+s trains samples [(s-1)B, sB), the samples ``sync`` trains at step s - and a step waits for the
+slowest group of its own batch while later admitted batches keep generating. Taking groups in
+completion order would let a long-tail group outlive the bound (it would then have to be
+dropped or trained too stale); fixed batches also make ``max_staleness=0`` exactly ``sync``
+and a resume exact in which samples are trained. Checkpoints hold no buffer: a resumed run
+re-admits the batches that were in flight (data cursor = first untrained sample).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar
+
+import torch
+
+from agentrl.errors import TrainingError
+from agentrl.metrics_schema import (
+    BUFFER_GROUPS,
+    GENERATION_IDLE_S,
+    IN_FLIGHT_GROUPS,
+    STALENESS_MAX,
+    STALENESS_MEAN,
+    TRAINER_WAIT_S,
+    staleness_frac_key,
+)
+from agentrl.types import Sample, TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Collect(Protocol):
+    """``SeededCollector.collect_ordered``: a batch's groups in sample order."""
+
+    def __call__(
+        self, samples: Sequence[Sample], on_group: Callable[[TrajectoryGroup], None] | None = None
+    ) -> Awaitable[list[TrajectoryGroup]]: ...
+
+
+def staleness_bound(mode: str, max_staleness: int | None) -> int:
+    """How many versions old a trained token may be in ``train.mode``."""
+    if mode == "sync":
+        return 0
+    if mode == "one_step_off":
+        return 1
+    if max_staleness is None:
+        raise ValueError("train.mode=async needs train.max_staleness")
+    return max_staleness
+
+
+class AsyncRollouts:
+    """Batches of steps ``first_step``..``last_step`` produced ahead of the trainer."""
+
+    def __init__(
+        self,
+        *,
+        mode: str,
+        bound: int,
+        batch_size: int,
+        first_step: int,
+        last_step: int,
+        first_sample: int,
+        sample: Callable[[int], Sample],
+        collect: Collect,
+        forget: Callable[[Sequence[str]], None],
+        version: Callable[[], int],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.mode, self.bound, self.batch_size = mode, bound, batch_size
+        self.first_step, self.last_step, self.first_sample = first_step, last_step, first_sample
+        self._sample, self._collect, self._forget = sample, collect, forget
+        self._version, self.loop = version, loop
+        self._tasks: dict[int, asyncio.Task[list[TrajectoryGroup]]] = {}
+        self._next = first_step  # the next step to admit
+        self._finished = 0  # groups finished, in every admitted batch not yet taken
+        self._in_flight = 0  # groups admitted and not finished
+        self._idle_since: float | None = time.perf_counter()
+        self._idle_s = 0.0
+        self._closed = False
+
+    # ------------------------------------------------------------------ admission
+    def admissible(self, step: int) -> bool:
+        """May step ``step``'s batch start now? Admission control, the only staleness guard."""
+        if self._closed or step > self.last_step:
+            return False
+        if self._version() < step - 1 - self.bound:
+            return False
+        if self.mode == "one_step_off" and step > self.first_step:
+            prev = self._tasks.get(step - 1)
+            return prev is None or prev.done()  # None: already taken, so finished
+        return True
+
+    def admit(self) -> None:
+        """Start every batch that admission control allows now (in step order)."""
+        while self.admissible(self._next):
+            step, self._next = self._next, self._next + 1
+            start = self.first_sample + (step - self.first_step) * self.batch_size
+            samples = [self._sample(start + i) for i in range(self.batch_size)]
+            self._in_flight += len(samples)
+            if self._idle_since is not None:
+                self._idle_s += time.perf_counter() - self._idle_since
+                self._idle_since = None
+            task = self.loop.create_task(self._produce(samples), name=f"rollouts-step-{step}")
+            task.add_done_callback(lambda _t: self.admit())  # one_step_off: the next batch
+            self._tasks[step] = task
+            logger.debug("admitted step %d at weight version %d", step, self._version())
+
+    async def _produce(self, samples: list[Sample]) -> list[TrajectoryGroup]:
+        try:
+            return await self._collect(samples, self._on_group)
+        finally:
+            self._forget([s.uid for s in samples])
+
+    def _on_group(self, _group: TrajectoryGroup) -> None:
+        self._finished += 1
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle_since = time.perf_counter()
+
+    # ------------------------------------------------------------------ the trainer's side
+    def next_batch(self, step: int) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        """Step ``step``'s groups (sample order) and the buffer's metrics when they were taken."""
+        self.admit()
+        task = self._tasks.pop(step, None)
+        if task is None:
+            raise TrainingError(
+                f"step {step}'s rollouts were never admitted (weight version {self._version()}, "
+                f"{self.mode}, bound {self.bound}); the driver must sync once per step"
+            )
+        t0 = time.perf_counter()
+        groups = self.loop.run_until_complete(task)
+        wait_s = time.perf_counter() - t0
+        self._finished -= len(groups)
+        idle = self._idle_s + (
+            time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
+        )
+        self._idle_s = 0.0
+        if self._idle_since is not None:
+            self._idle_since = time.perf_counter()
+        return groups, {
+            BUFFER_GROUPS: float(self._finished),
+            IN_FLIGHT_GROUPS: float(self._in_flight),
+            TRAINER_WAIT_S: wait_s,
+            GENERATION_IDLE_S: idle,
+        }
+
+    def overlap(self, fn: Callable[[], T]) -> T:
+        """``fn()`` in a worker thread while the event loop keeps the admitted rollouts going."""
+        return self.loop.run_until_complete(asyncio.to_thread(fn))
+
+    def after_sync(self) -> None:
+        """A new weight version is on the servers: admit what it allows (rollouts start when
+        the loop next runs)."""
+        self.admit()
+
+    def close(self) -> None:
+        """Cancel what is in flight (a resumed run re-admits it from the data cursor)."""
+        self._closed = True
+        pending = [t for t in self._tasks.values() if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending and not self.loop.is_closed():
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._tasks.clear()
+
+
+def staleness_metrics(
+    versions: torch.Tensor, loss_mask: torch.Tensor, policy_version: int, bound: int
+) -> dict[str, float]:
+    """``async/staleness_*`` of a batch about to be trained by weights ``policy_version``.
+
+    versions (B, T): the weight version of each generated token (-1 elsewhere); only loss-mask
+    tokens count. Raises TrainingError past ``bound``: admission control guarantees it, so a
+    breach is a bug in the driver, not a state to train through.
+    """
+    trained = loss_mask.bool() & (versions >= 0)
+    if not trained.any():
+        return {}
+    stale = policy_version - versions[trained]  # (N,)
+    worst = int(stale.max())
+    if worst > bound or int(stale.min()) < 0:
+        raise TrainingError(
+            f"a trained token is {worst} weight versions old (policy {policy_version}, tokens "
+            f"{int(versions[trained].min())}..{int(versions[trained].max())}), outside the "
+            f"bound [0, {bound}]; admission control failed"
+        )
+    out = {STALENESS_MEAN: float(stale.float().mean()), STALENESS_MAX: float(worst)}
+    for k in range(bound + 1):
+        out[staleness_frac_key(k)] = float((stale == k).float().mean())
+    return out
