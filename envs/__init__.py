@@ -8,6 +8,8 @@
     arith/Countdown-v0            reach a target from 3 numbers, checked with the calculator
     games/GuessNumber-v0          find a number in 1..16 from higher/lower replies
     games/GridWorld-v0            walk to G on a 3x3 text grid with up/down/left/right
+    gui/Browser-v0                operate a task website (log in, search, fill a form) in headless
+                                  Chromium (needs the gui extra and chromium)
     swe/Repo-v0                   fix a repository task in a sandbox (tasks=, repos_dir=; after
                                   ``agentrl swe prepare``); hidden tests grade it
 
@@ -82,4 +84,10 @@ register_env(
     "envs.swe.env:SWEEnv",
     description="Fix a repository task in a sandbox; hidden tests grade the diff (needs "
     "`agentrl swe prepare`; tasks=FILE, repos_dir=DIR).",
+)
+register_env(
+    "gui/Browser-v0",
+    "envs.gui.env:BrowserEnv",
+    description="A task website (login, search, form; task=None draws one per seed) in headless "
+    "Chromium; element-tree observations (observe=both adds screenshots), browser actions.",
 )

@@ -25,7 +25,10 @@ from agentrl.types import Message, Sample, user
 from trainers.config import DataConfig, EnvEntry
 from trainers.sft import demonstrations
 
-NEEDS_SETUP = {"swe/Repo-v0"}  # prepared repositories first; tests/agents/test_swe_agent.py
+NEEDS_SETUP = {
+    "swe/Repo-v0",  # prepared repositories first; tests/agents/test_swe_agent.py
+    "gui/Browser-v0",  # chromium (-m browser); tests/gui
+}
 BUILTIN = sorted(
     s.id for s in ENVS if s.entry_point_str.startswith("envs.") and s.id not in NEEDS_SETUP
 )

@@ -8,7 +8,10 @@ from agentrl.env import ENVS, Env, make_env
 from agentrl.env_checker import check_env, replay_demonstration
 from agentrl.types import Message, ToolCall
 
-NEEDS_SETUP = {"swe/Repo-v0"}  # prepared repositories first; tests/agents/test_swe_agent.py
+NEEDS_SETUP = {
+    "swe/Repo-v0",  # prepared repositories first; tests/agents/test_swe_agent.py
+    "gui/Browser-v0",  # chromium; checked in tests/gui/test_browser_env.py (-m browser)
+}
 BUILTIN = [s.id for s in ENVS if s.entry_point_str.startswith("envs.") and s.id not in NEEDS_SETUP]
 
 

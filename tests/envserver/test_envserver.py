@@ -24,7 +24,10 @@ from tests.envserver.support import OracleEnv, png, serve
 from trainers.config import DataConfig, EnvEntry
 from trainers.sft import demonstrations
 
-NEEDS_SETUP = {"swe/Repo-v0"}  # prepared repositories first; tests/agents/test_swe_agent.py
+NEEDS_SETUP = {
+    "swe/Repo-v0",  # prepared repositories first; tests/agents/test_swe_agent.py
+    "gui/Browser-v0",  # chromium (-m browser); tests/gui
+}
 BUILTIN = sorted(s.id for s in ENVS if not s.id.startswith("test-") and s.id not in NEEDS_SETUP)
 ACTIONS = ["8", "up", "The answer is 4", "12", "right", "down", "3", "done", "left", "16"]
 

@@ -6,7 +6,7 @@ text shows literally and runs nothing, and save the screenshot the docs page sho
 
 Chromium keeps its sandbox on. When the tests run as root (CI containers), chromium would
 refuse to start with its sandbox, so it is started as the unprivileged user ``nobody``
-through a small wrapper (``setpriv``) instead of with ``--no-sandbox``.
+through a small wrapper (``setpriv``, in ``agentrl/browser.py``) instead of with ``--no-sandbox``.
 
     python -m pytest -m browser tests/viewer        # needs `apt-get install chromium` + playwright
     AGENTRL_UPDATE_DOCS=1 python -m pytest -m browser tests/viewer -k screenshot   # docs PNG
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agentrl.browser import chromium_executable, chromium_path
+from agentrl.errors import ConfigError
 from agentrl.http.service import ServerThread
 from agentrl.viewer import Source, TrajectoryIndex, create_app
 from agentrl.viewer.tokens import find_tokenizer, load_template
@@ -30,43 +31,21 @@ from tests.viewer.runs import PAYLOAD, REMOTE_IMAGE, make_run, record, trajector
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS_PNG = Path(__file__).resolve().parents[2] / "docs" / "guides" / "img" / "viewer-tokens.png"
-NOBODY = 65534
-
-_WRAPPER = """#!/bin/sh
-# Debian's chromium as the user nobody, sandbox on (root would need --no-sandbox).
-for a in "$@"; do
-  case "$a" in --user-data-dir=*) chown -R {uid}:{uid} "${{a#--user-data-dir=}}" ;; esac
-done
-exec setpriv --reuid={uid} --regid={uid} --clear-groups env HOME={home} {chromium} "$@"
-"""
-
-
-def _executable(tmp: Path) -> str:
-    """chromium itself, or (as root) a wrapper that starts it as nobody."""
-    if os.geteuid() != 0:
-        return CHROMIUM
-    if shutil.which("setpriv") is None:
-        pytest.skip("running as root needs setpriv (util-linux) to start chromium as nobody")
-    home = tmp / "home"
-    home.mkdir()
-    os.chown(home, NOBODY, NOBODY)
-    wrapper = tmp / "chromium-as-nobody"
-    wrapper.write_text(_WRAPPER.format(uid=NOBODY, home=home, chromium=CHROMIUM))
-    wrapper.chmod(0o755)
-    return str(wrapper)
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if not os.path.exists(CHROMIUM):
+    if chromium_path() is None:
         pytest.skip("no chromium: scripts/install-sandbox-deps.sh --browser installs it")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.skip("no playwright: pip install -e '.[gui]'")
-    exe = _executable(tmp_path_factory.mktemp("chromium"))
+    try:
+        exe = chromium_executable(tmp_path_factory.mktemp("chromium"))
+    except ConfigError as e:
+        pytest.skip(str(e))
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=exe, chromium_sandbox=True)
         yield b

@@ -1,0 +1,194 @@
+"""``gui/Browser-v0``: a task website in real headless Chromium, operated through actions.
+
+    env = make_env("gui/Browser-v0", task="login")       # or search, form; None: drawn per seed
+    obs, info = await env.areset(seed=0)   # [user: task + URL + title + element tree (+ PNG)]
+    obs, reward, terminated, truncated, info = await env.astep(assistant("type(3, \"mira\")"))
+
+Each episode gets a fresh, isolated browser context from the process's one Chromium
+(``envs/gui/session.py``) showing a site built from the seed (``envs/gui/tasks.py``). The
+action is the last action line of the assistant's reply (``envs/gui/actions.py``); the
+observation is one user message with the action's outcome, the URL, the title and the pruned
+element tree (``envs/gui/tree.py``), plus the screenshot as an image part when
+``observe="both"`` or ``"screenshot"`` (the PNG of the last step is always at
+``env.view.png``). A reply without a valid action, an action on a missing or disabled element,
+a key that does not exist, a page that does not load in time: each becomes an observation the
+agent reads (and ``info["error"]``), never an exception. The site's checker sets the reward;
+the episode ends when the task is done (login accepted, result opened, form sent) or after
+``max_steps`` actions (truncated).
+
+The env is declared nondeterministic (a real browser: timing, fonts, a GPU-less compositor),
+though the same seed gives the same pages, trees and screenshots on one machine (a test
+checks). ``ademonstration`` plays the task's plan in a second context and records it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from agentrl.env import Env, Info, Observation, StepResult, run_sync
+from agentrl.errors import ConfigError
+from agentrl.types import Message
+from envs.gui.actions import HELP, Action, ActionError, parse_action
+from envs.gui.tasks import TASKS, PlanStep, Site, make_site
+from envs.gui.tree import Node, find
+
+Observe = Literal["text", "screenshot", "both"]
+
+
+class BrowserEnv(Env):
+    """A task site in headless Chromium; text and/or screenshot observations, browser actions."""
+
+    nondeterministic = True
+
+    def __init__(
+        self,
+        task: str | None = None,
+        *,
+        observe: Observe = "text",
+        max_steps: int = 12,
+        viewport: tuple[int, int] = (800, 600),
+        device_scale: float = 1.0,
+        action_timeout_s: float = 2.0,
+        page_load_timeout_s: float = 5.0,
+        max_contexts: int = 16,
+    ) -> None:
+        if task is not None and task not in TASKS:
+            raise ConfigError(
+                f"gui/Browser-v0: unknown task {task!r}; expected one of {TASKS} or None"
+            )
+        if observe not in ("text", "screenshot", "both"):
+            raise ConfigError(
+                f"gui/Browser-v0: observe must be text, screenshot or both, got {observe!r}"
+            )
+        if max_steps < 1:
+            raise ConfigError(f"gui/Browser-v0: max_steps must be >= 1, got {max_steps}")
+        from envs.gui.session import BrowserPool, SessionConfig  # playwright: the gui extra
+
+        self.task = task
+        self.observe = observe
+        self.max_steps = max_steps
+        self.max_contexts = max_contexts
+        self.config = SessionConfig(
+            viewport=(int(viewport[0]), int(viewport[1])),
+            device_scale=float(device_scale),
+            action_timeout_s=action_timeout_s,
+            page_load_timeout_s=page_load_timeout_s,
+        )
+        self.pool = BrowserPool.shared(max_contexts)
+        self.site: Site | None = None
+        self.session: Any = None
+        self.view: Any = None  # the last PageView (screenshot, nodes, url, title)
+        self.steps = 0
+        self._seed: int | None = None
+
+    # --- episode ----------------------------------------------------------------------------
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, Info]:
+        await super().areset(seed=seed)
+        await self.aclose()
+        if seed is None:
+            seed = int(self.np_random.integers(2**31))
+        self._seed = seed
+        task = self.task or TASKS[int(self.np_random.integers(len(TASKS)))]
+        self.site = make_site(task, self.np_random)
+        self.steps = 0
+        self.session, error = await self.pool.open(self.site, self.config)
+        text = f"Task: {self.site.instruction}\n{HELP}"
+        obs = await self._observation(text, error)
+        return obs, {"task": task, "url": self.view.url, "title": self.view.title, "error": error}
+
+    async def astep(self, action: Message) -> StepResult:
+        if self.session is None or self.site is None:
+            raise RuntimeError("gui/Browser-v0: call reset() before step()")
+        self.steps += 1
+        error: str | None
+        try:
+            parsed: Action | None = parse_action(Message.coerce(action).text)
+        except ActionError as e:
+            parsed, error = None, f"invalid action: {e}"
+        if parsed is not None:
+            error = await self.pool.call(self.session.act(parsed))
+        head = f"Action: {parsed}" if parsed is not None else "Action: none"
+        head += f"\nError: {error}" if error else "\nResult: ok"
+        obs = await self._observation(head, None)
+        terminated = self.site.done
+        truncated = not terminated and self.steps >= self.max_steps
+        reward = self.site.reward if terminated else 0.0
+        info: Info = {
+            "error": error,
+            "url": self.view.url,
+            "title": self.view.title,
+            "blocked": dict(self.session.blocked),
+        }
+        if terminated or truncated:
+            info["success"] = terminated and reward > 0
+        return obs, reward, terminated, truncated, info
+
+    async def _observation(self, head: str, error: str | None) -> Observation:
+        self.view = await self.pool.call(self.session.observe())
+        lines = [head] + ([f"Error: {error}"] if error else [])
+        dialogs = self.session.dialogs
+        if dialogs:
+            lines.append("Dialogs dismissed: " + "; ".join(dialogs))
+            dialogs.clear()
+        lines += [f"URL: {self.view.url}", f"Title: {self.view.title}"]
+        if self.observe != "screenshot":
+            lines += ["Page:", self.view.tree or "(empty page)"]
+        text = "\n".join(lines)
+        if self.observe == "text":
+            return [Message(role="user", content=text)]
+        parts: list[dict[str, Any]] = [
+            {"type": "text", "text": text},
+            {"type": "image_url", "image_url": {"url": self.view.data_url()}},
+        ]
+        return [Message(role="user", content=parts)]
+
+    async def aclose(self) -> None:
+        if self.session is not None:
+            session, self.session = self.session, None
+            await self.pool.release(session)
+
+    # --- the oracle -----------------------------------------------------------------------
+    def demonstration(self) -> list[Message] | None:
+        """``ademonstration`` from sync code (the env checker); inside an event loop, await
+        ``ademonstration()`` instead."""
+        return run_sync(self.ademonstration())
+
+    async def ademonstration(self) -> list[Message] | None:
+        """Play the task's plan in a second env with the same seed; the conversation it made."""
+        if self._seed is None:
+            return None
+        twin = BrowserEnv(
+            self.task,
+            observe=self.observe,
+            max_steps=self.max_steps,
+            viewport=self.config.viewport,
+            device_scale=self.config.device_scale,
+            action_timeout_s=self.config.action_timeout_s,
+            page_load_timeout_s=self.config.page_load_timeout_s,
+            max_contexts=self.max_contexts,
+        )
+        try:
+            await twin.areset(seed=self._seed)
+            assert twin.site is not None
+            out: list[Message] = []
+            for step in twin.site.plan:
+                reply = Message(role="assistant", content=str(plan_action(step, twin.view.nodes)))
+                obs, *_ = await twin.astep(reply)
+                out += [reply, *obs]
+            return out
+        finally:
+            await twin.aclose()
+
+
+def plan_action(step: PlanStep, nodes: list[Node]) -> Action:
+    """The action doing one plan step on the page whose tree is ``nodes`` (a scripted policy)."""
+    node = find(nodes, step.role, step.name)
+    if node is None or node.id is None:
+        raise LookupError(f"no {step.role} named {step.name!r} on the page")
+    if step.verb == "click":
+        return Action(kind="click", element=node.id)
+    if step.verb == "type":
+        return Action(kind="type", element=node.id, text=step.text)
+    return Action(kind="select", element=node.id, text=step.text)

@@ -1,0 +1,241 @@
+"""gui/Browser-v0 in real headless Chromium: checker, observations, actions, failures as values.
+
+python -m pytest -m browser tests/gui      # needs chromium + playwright (the gui extra)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+
+from agentrl.env import make_env
+from agentrl.env_checker import check_env
+from agentrl.splits import split_of
+from agentrl.types import Message
+from envs.gui.env import BrowserEnv, plan_action
+from envs.gui.session import BrowserPool, SessionConfig
+from envs.gui.tasks import TASKS
+from envs.gui.tree import find, walk
+from tests.gui.sites import PagesSite, html
+
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("chromium")]
+
+
+def say(text: str) -> Message:
+    return Message(role="assistant", content=text)
+
+
+def test_passes_the_env_checker() -> None:
+    report = check_env("gui/Browser-v0", seeds=(0, 1))
+    assert report.passed, str(report)
+    assert not any(r.skipped for r in report.results if r.name == "demonstration")
+
+
+@pytest.mark.parametrize("task", TASKS)
+async def test_each_task_is_solved_by_its_plan_and_needs_three_actions(task: str) -> None:
+    env = BrowserEnv(task)
+    try:
+        for seed in (0, 1):
+            obs, info = await env.areset(seed=seed)
+            assert info["task"] == task and info["error"] is None
+            assert obs[0].text.startswith("Task: ") and "URL: http://task.agentrl/" in obs[0].text
+            demo = await env.ademonstration()
+            assert demo is not None
+            actions = [m for m in demo if m.role == "assistant"]
+            assert len(actions) >= 3
+            for i, m in enumerate(actions):
+                _, reward, terminated, truncated, info = await env.astep(m)
+                assert info["error"] is None, info
+                assert terminated == (i == len(actions) - 1) and not truncated
+            assert reward == 1.0 and info["success"] is True
+    finally:
+        await env.aclose()
+
+
+async def test_wrong_answers_earn_nothing() -> None:
+    env = BrowserEnv("login")
+    try:
+        await env.areset(seed=4)
+        ids = {n.name: n.id for n in walk(env.view.nodes)}
+        await env.astep(say(f'type({ids["Username"]}, "{env.site.user}")'))  # type: ignore[union-attr]
+        await env.astep(say(f'type({ids["Password"]}, "wrong")'))
+        obs, reward, terminated, _, _ = await env.astep(say(f"click({ids['Sign in']})"))
+        assert (reward, terminated) == (0.0, False)
+        assert "Wrong username or password." in obs[0].text
+        env2 = BrowserEnv("form")
+        await env2.areset(seed=4)
+        node = find(env2.view.nodes, "button", "Send")
+        assert node is not None
+        _, reward, terminated, _, info = await env2.astep(say(f"click({node.id})"))  # empty form
+        assert (reward, terminated, info["success"]) == (0.0, True, False)
+        await env2.aclose()
+    finally:
+        await env.aclose()
+
+
+async def test_content_is_randomised_per_seed_and_splits_by_content() -> None:
+    env = BrowserEnv("search")
+    keys = set()
+    try:
+        for seed in range(12):
+            obs, info = await env.areset(seed=seed)
+            keys.add(env.task_key(obs, info))
+    finally:
+        await env.aclose()
+    assert len(keys) >= 8  # different queries and targets
+    assert {split_of(k, 0.3) for k in keys} == {"train", "eval"}
+
+
+async def test_same_seed_same_screenshot_and_tree() -> None:
+    env = BrowserEnv("form", observe="both")
+
+    async def first_step(seed: int) -> tuple[list[Message], bytes, str]:
+        await env.areset(seed=seed)
+        assert env.site is not None
+        step = plan_action(env.site.plan[0], env.view.nodes)  # types the seed's name
+        obs, *_ = await env.astep(say(str(step)))
+        return obs, env.view.png, env.view.tree
+
+    try:
+        obs_a, png_a, tree_a = await first_step(7)
+        obs_b, png_b, tree_b = await first_step(7)
+        assert (png_a, tree_a, obs_a) == (png_b, tree_b, obs_b)
+        _, png_c, tree_c = await first_step(8)
+        assert png_c != png_a and tree_c != tree_a
+    finally:
+        await env.aclose()
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(png_a))
+    assert img.size == (800, 600)
+    parts = obs_a[0].content
+    assert isinstance(parts, list) and parts[1]["image_url"]["url"].startswith(
+        "data:image/png;base64,"
+    )
+
+
+GRID = "".join(
+    f"<button id='b{i}' style='position:absolute;left:{40 + 90 * (i % 4)}px;top:{30 + 50 * (i // 4)}px;"
+    f"width:{60 + i}px;height:{30 + i % 3}px' onclick=\"document.title='hit {i}'\">B{i}</button>"
+    for i in range(12)
+)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0, 1.5])
+async def test_click_by_coordinates_hits_the_element_at_that_pixel(scale: float) -> None:
+    pool = BrowserPool.shared()
+    site = PagesSite({"/": html(GRID, title="none")})
+    session, error = await pool.open(site, SessionConfig(viewport=(420, 260), device_scale=scale))
+    try:
+        assert error is None
+        view = await pool.call(session.observe())
+        from PIL import Image
+
+        assert Image.open(io.BytesIO(view.png)).size == (round(420 * scale), round(260 * scale))
+        for i in (0, 5, 11):
+            node = find(view.nodes, "button", f"B{i}")
+            assert node is not None and node.box is not None
+            x, y, w, h = node.box
+            cx, cy = (x + w / 2) * scale, (y + h / 2) * scale  # screenshot pixels
+            from envs.gui.actions import Action
+
+            assert await pool.call(session.act(Action(kind="click", x=cx, y=cy))) is None
+            assert (await pool.call(session.observe())).title == f"hit {i}"
+    finally:
+        await pool.release(session)
+
+
+async def test_bad_actions_become_observations() -> None:
+    env = BrowserEnv("form", max_steps=20, action_timeout_s=0.5)
+    try:
+        await env.areset(seed=1)
+        ids = {n.name: n.id for n in walk(env.view.nodes)}
+        cases = [
+            ("I give up", "invalid action: no action found"),
+            ("click(999)", "there is no element [999]"),
+            ("click(x=5000, y=10)", "outside the screenshot (800 x 600 pixels)"),
+            ('press("NoSuchKey")', "failed"),
+            (f'select({ids["Full name"]}, "x")', "is not a drop-down"),
+            (f'select({ids["Country"]}, "Atlantis")', "no option 'Atlantis'; the options are"),
+            (f'type({ids["Send"]}, "x")', "failed"),
+            ("back()", "there is no earlier page"),
+        ]
+        for reply, says in cases:
+            obs, reward, terminated, truncated, info = await env.astep(say(reply))
+            assert says in obs[0].text and says in info["error"], (reply, obs[0].text)
+            assert (reward, terminated, truncated) == (0.0, False, False)
+            assert "Page:\n[1] heading" in obs[0].text  # the page is still shown
+    finally:
+        await env.aclose()
+
+
+async def test_steps_run_out_as_truncation() -> None:
+    env = BrowserEnv("login", max_steps=2)
+    try:
+        await env.areset(seed=0)
+        assert (await env.astep(say("scroll(down)")))[3] is False
+        _, reward, terminated, truncated, info = await env.astep(say("scroll(up)"))
+        assert (reward, terminated, truncated, info["success"]) == (0.0, False, True, False)
+    finally:
+        await env.aclose()
+
+
+async def test_slow_pages_time_out_as_observations() -> None:
+    from envs.gui.tasks import Response
+
+    pool = BrowserPool.shared()
+    slow = Response(body=html("<p>late</p>").body, delay_s=3.0)
+    site = PagesSite({"/": html("<a href='/slow'>go</a>"), "/slow": slow})
+    config = SessionConfig(page_load_timeout_s=0.5, action_timeout_s=0.5)
+    session, error = await pool.open(site, config)
+    try:
+        assert error is None
+        view = await pool.call(session.observe())
+        link = find(view.nodes, "link", "go")
+        assert link is not None
+        from envs.gui.actions import Action
+
+        err = await pool.call(session.act(Action(kind="click", element=link.id)))
+        assert err is not None and "timed out" in err
+    finally:
+        await pool.release(session)
+    site = PagesSite({"/": slow})
+    session, error = await pool.open(site, config)  # the start page itself is too slow
+    try:
+        assert error == "page load timed out after 0.5 s"
+    finally:
+        await pool.release(session)
+
+
+async def test_one_browser_many_isolated_contexts_with_a_cap() -> None:
+    pool = BrowserPool(max_contexts=2)
+    try:
+        script = "<script>document.cookie='a=' + (document.cookie ? 'seen' : 'fresh'); localStorage.x = 1;</script>"
+        sites = [PagesSite({"/": html(script + "<p>x</p>")}) for _ in range(3)]
+        config = SessionConfig()
+        a, _ = await pool.open(sites[0], config)
+        b, _ = await pool.open(sites[1], config)
+        third = asyncio.ensure_future(pool.open(sites[2], config))
+        await asyncio.sleep(0.5)
+        assert not third.done() and pool.open_sessions == 2  # waits for a free slot
+        await pool.release(a)
+        c, _ = await third
+        cookie = await pool.call(c.page.evaluate("document.cookie"))
+        assert cookie == "a=fresh"  # nothing shared with the earlier contexts
+        assert a.context is None and b.context is not None
+        assert b.page.context.browser is c.page.context.browser  # one browser process
+        await pool.release(b)
+        await pool.release(c)
+        assert pool.open_sessions == 0
+    finally:
+        pool.shutdown()
+
+
+def test_make_env_rejects_bad_options() -> None:
+    from agentrl.errors import ConfigError
+
+    for kwargs in ({"task": "shop"}, {"observe": "audio"}, {"max_steps": 0}):
+        with pytest.raises(ConfigError):
+            make_env("gui/Browser-v0", **kwargs)  # type: ignore[arg-type]
