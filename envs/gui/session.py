@@ -24,9 +24,10 @@ blocked and counted by kind in ``session.blocked``:
     websocket    any WebSocket (routed and closed)
     file         a file:// load (Chromium refuses it from the site's origin; seen on the console)
     download     a download (contexts do not accept downloads)
-    service_worker  a service worker registration (contexts block them; the call is refused)
+    service_worker  a service worker registration (contexts block them and the task origin is
+                 not a secure context; ``register`` is replaced by one that refuses)
     popup        a new window or tab (closed at once)
-    escaped      a request seen that routing did not answer (it fails: no DNS, dead proxy)
+    escaped      a request that routing did not answer (it fails: no DNS, a dead proxy)
 """
 
 from __future__ import annotations
@@ -73,12 +74,15 @@ CHROMIUM_ARGS = (
 # Pages may not register service workers (the context blocks them too); the attempt is counted.
 _BLOCK_SW_JS = """
 (() => {
-  if (!('serviceWorker' in navigator)) return;
-  const report = window.__agentrlBlocked;
-  Object.defineProperty(navigator.serviceWorker, 'register', { value: (...a) => {
-    try { report('service_worker'); } catch (e) {}
+  const refuse = (...a) => {
+    try { window.__agentrlBlocked('service_worker'); } catch (e) {}
     return Promise.reject(new DOMException('service workers are blocked', 'SecurityError'));
-  }});
+  };
+  if ('serviceWorker' in navigator) {
+    Object.defineProperty(navigator.serviceWorker, 'register', { value: refuse });
+  } else {  // the task origin is not a secure context: offer a register that refuses and counts
+    Object.defineProperty(navigator, 'serviceWorker', { value: { register: refuse } });
+  }
 })();
 """
 _RESOURCE_KINDS = {
@@ -129,7 +133,6 @@ class Session:
         self.dialogs: list[str] = []
         self.context: Any = None
         self.page: Any = None
-        self._routed: set[str] = set()
 
     async def start(self, browser: Any) -> str | None:
         """Open the context and load the site's start page; an error text when it fails."""
@@ -152,7 +155,8 @@ class Session:
         await self.context.add_init_script(_BLOCK_SW_JS)
         await self.context.route("**/*", self._route)
         await self.context.route_web_socket("**", self._websocket)
-        self.context.on("request", self._seen)
+        self.context.on("requestfinished", self._finished)
+        self.context.on("requestfailed", self._failed)
         self.context.on("page", self._popup)
         self.page = await self.context.new_page()
         self.page.on("console", self._console)
@@ -167,12 +171,16 @@ class Session:
     async def _route(self, route: Any) -> None:
         request = route.request
         url: str = request.url
-        self._routed.add(url)
         if not (url == ORIGIN or url.startswith(ORIGIN + "/")):
-            if request.is_navigation_request() and request.frame.parent_frame is None:
-                self._block("redirect" if request.redirected_from is not None else "navigation")
-            elif request.is_navigation_request():
-                self._block("iframe")
+            if request.is_navigation_request():
+                try:
+                    top = request.frame.parent_frame is None
+                except PlaywrightError:  # a new window's first navigation has no frame yet
+                    top = True
+                if not top:
+                    self._block("iframe")
+                else:
+                    self._block("redirect" if request.redirected_from is not None else "navigation")
             else:
                 self._block(_RESOURCE_KINDS.get(request.resource_type, "other"))
             await route.abort("blockedbyclient")
@@ -217,14 +225,19 @@ class Session:
         self._block("websocket")
         await ws.close()
 
-    def _seen(self, request: Any) -> None:
+    def _finished(self, request: Any) -> None:
+        """A request that got an answer from elsewhere than the site (none should)."""
         url: str = request.url
-        if url.startswith(("data:", "blob:", "about:")) or url.startswith(ORIGIN):
+        if not url.startswith((ORIGIN, "data:", "blob:", "about:")):
+            self._block("escaped")
+
+    def _failed(self, request: Any) -> None:
+        """A request that failed: ours (blocked by client), or one that routing never saw."""
+        url: str = request.url
+        if url.startswith((ORIGIN, "data:", "blob:", "about:", "file:")):
             return
-        if url in self._routed or url.startswith(("ws:", "wss:")):
-            return
-        if url.startswith("file:"):
-            return  # counted from the console (Chromium refuses it before any request)
+        if "ERR_BLOCKED_BY_CLIENT" in (request.failure or ""):
+            return  # aborted by _route, already counted
         self._block("redirect" if request.redirected_from is not None else "escaped")
 
     def _console(self, message: Any) -> None:
