@@ -16,6 +16,11 @@ agent reads (and ``info["error"]``), never an exception. The site's checker sets
 the episode ends when the task is done (login accepted, result opened, form sent) or after
 ``max_steps`` actions (truncated).
 
+The train/eval split is by content: ``info["task_key"]`` is the task type and its instruction
+(user and password, query and target, the form's values), and a reset asked for a split
+(``options["split"]``) redraws the site's content until it falls there, before any browser
+work (``agentrl/splits.py``).
+
 The env is declared nondeterministic (a real browser: timing, fonts, a GPU-less compositor),
 though the same seed gives the same pages, trees and screenshots on one machine (a test
 checks). ``ademonstration`` plays the task's plan in a second context and records it.
@@ -26,7 +31,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from agentrl.env import Env, Info, Observation, StepResult, run_sync
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, EnvError
+from agentrl.splits import DEFAULT_EVAL_FRACTION, MAX_DRAWS, split_of
 from agentrl.types import Message
 from envs.gui.actions import HELP, Action, ActionError, parse_action
 from envs.gui.tasks import TASKS, PlanStep, Site, make_site
@@ -90,13 +96,31 @@ class BrowserEnv(Env):
         if seed is None:
             seed = int(self.np_random.integers(2**31))
         self._seed = seed
-        task = self.task or TASKS[int(self.np_random.integers(len(TASKS)))]
-        self.site = make_site(task, self.np_random)
+        self.site = self._draw_site(options or {})
+        task = self.site.name
         self.steps = 0
         self.session, error = await self.pool.open(self.site, self.config)
         text = f"Task: {self.site.instruction}\n{HELP}"
         obs = await self._observation(text, error)
-        return obs, {"task": task, "url": self.view.url, "title": self.view.title, "error": error}
+        info = {"task": task, "task_key": self.site_key(self.site), "url": self.view.url}
+        return obs, {**info, "title": self.view.title, "error": error}
+
+    @staticmethod
+    def site_key(site: Site) -> str:
+        """What names a task for the train/eval split: its type and instruction (the content)."""
+        return f"{site.name}: {site.instruction}"
+
+    def _draw_site(self, options: dict[str, Any]) -> Site:
+        """The episode's site; with ``options["split"]``, redrawn (cheaply, before any browser
+        work) until its content falls in that split (``agentrl.splits``)."""
+        split = options.get("split")
+        fraction = float(options.get("eval_fraction", DEFAULT_EVAL_FRACTION))
+        for _ in range(MAX_DRAWS):
+            task = self.task or TASKS[int(self.np_random.integers(len(TASKS)))]
+            site = make_site(task, self.np_random)
+            if split is None or split_of(self.site_key(site), fraction) == split:
+                return site
+        raise EnvError(f"gui/Browser-v0: {MAX_DRAWS} draws found no {split!r} task")
 
     async def astep(self, action: Message) -> StepResult:
         if self.session is None or self.site is None:

@@ -12,7 +12,7 @@ import pytest
 
 from agentrl.env import make_env
 from agentrl.env_checker import check_env
-from agentrl.splits import split_of
+from agentrl.splits import reset_in_split, split_of
 from agentrl.types import Message
 from envs.gui.env import BrowserEnv, plan_action
 from envs.gui.session import BrowserPool, SessionConfig
@@ -86,6 +86,24 @@ async def test_content_is_randomised_per_seed_and_splits_by_content() -> None:
         await env.aclose()
     assert len(keys) >= 8  # different queries and targets
     assert {split_of(k, 0.3) for k in keys} == {"train", "eval"}
+
+
+async def test_train_and_eval_tasks_are_disjoint_by_content() -> None:
+    env = BrowserEnv()  # all three task types
+    seen: dict[str, set[str]] = {"train": set(), "eval": set()}
+    try:
+        for split in ("train", "eval"):
+            for seed in range(10):
+                obs, info = await reset_in_split(env, seed=seed, split=split, eval_fraction=0.3)  # type: ignore[arg-type]
+                key = env.task_key(obs, info)
+                assert key == info["task_key"] and split_of(key, 0.3) == split
+                assert env.site is not None and env.site.instruction in obs[0].text
+                seen[split].add(key)
+    finally:
+        await env.aclose()
+    assert len(seen["train"]) >= 8 and len(seen["eval"]) >= 8
+    assert not seen["train"] & seen["eval"]
+    assert {k.split(":")[0] for k in seen["eval"]} == set(TASKS)
 
 
 async def test_same_seed_same_screenshot_and_tree() -> None:
