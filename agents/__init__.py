@@ -5,6 +5,8 @@
                   a reply without tool calls goes to env.step (the answer)
     env_driver    reset -> generate -> env.step(assistant message) -> observation -> ...;
                   the env handles tool calls itself
+    gui           browser tasks (gui/Browser-v0) in text mode: one action per reply, the
+                  element tree as the observation, a history window of the last k pages
     gateway       a black-box agent (a callable or a command) that speaks OpenAI Chat
                   Completions to a per-trajectory gateway; options in rollout.agent_options
     swe           env_driver for repository tasks (swe/Repo-v0): a history window, a
@@ -39,4 +41,9 @@ register_agent(
     "gateway",
     "agents.gateway_agent:GatewayAgentLoop",
     description="A black-box OpenAI-speaking agent (rollout.agent_options: agent or command).",
+)
+register_agent(
+    "gui",
+    "agents.gui_agent:GUIAgentLoop",
+    description="Browser tasks (gui/Browser-v0) from the element tree; history_window=k pages.",
 )
