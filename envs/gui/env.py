@@ -9,8 +9,8 @@ Each episode gets a fresh, isolated browser context from the process's one Chrom
 action is the last action line of the assistant's reply (``envs/gui/actions.py``); the
 observation is one user message with the action's outcome, the URL, the title and the pruned
 element tree (``envs/gui/tree.py``), plus the screenshot as an image part when
-``observe="both"`` or ``"screenshot"`` (the PNG of the last step is always at
-``env.view.png``). A reply without a valid action, an action on a missing or disabled element,
+``observe="both"`` or ``"screenshot"`` (the PNG of the last step is at ``env.view.png``;
+``screenshots=False`` skips taking it in text mode, which saves CPU when no one looks). A reply without a valid action, an action on a missing or disabled element,
 a key that does not exist, a page that does not load in time: each becomes an observation the
 agent reads (and ``info["error"]``), never an exception. The site's checker sets the reward;
 the episode ends when the task is done (login accepted, result opened, form sent) or after
@@ -23,7 +23,7 @@ work (``agentrl/splits.py``).
 
 The env is declared nondeterministic (a real browser: timing, fonts, a GPU-less compositor),
 though the same seed gives the same pages, trees and screenshots on one machine (a test
-checks). ``ademonstration`` plays the task's plan in a second context and records it.
+checks). ``ademonstration`` plays the task's plan from the same reset and records it.
 """
 
 from __future__ import annotations
@@ -57,10 +57,12 @@ class BrowserEnv(Env):
         action_timeout_s: float = 2.0,
         page_load_timeout_s: float = 5.0,
         max_contexts: int = 16,
+        screenshots: bool = True,
     ) -> None:
-        if task is not None and task not in TASKS:
+        if task is not None and task not in TASKS and not task.startswith("miniwob/"):
             raise ConfigError(
-                f"gui/Browser-v0: unknown task {task!r}; expected one of {TASKS} or None"
+                f"gui/Browser-v0: unknown task {task!r}; expected one of {TASKS}, "
+                "'miniwob/<name>' (a MiniWoB++ task) or None"
             )
         if observe not in ("text", "screenshot", "both"):
             raise ConfigError(
@@ -74,6 +76,7 @@ class BrowserEnv(Env):
         self.observe = observe
         self.max_steps = max_steps
         self.max_contexts = max_contexts
+        self.screenshots = screenshots or observe != "text"
         self.config = SessionConfig(
             viewport=(int(viewport[0]), int(viewport[1])),
             device_scale=float(device_scale),
@@ -86,16 +89,17 @@ class BrowserEnv(Env):
         self.view: Any = None  # the last PageView (screenshot, nodes, url, title)
         self.steps = 0
         self._seed: int | None = None
+        self._options: dict[str, Any] | None = None
 
     # --- episode ----------------------------------------------------------------------------
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, Info]:
+        if seed is None:  # a seed of its own, so that ademonstration can replay this reset
+            seed = int(self.np_random.integers(2**31))
         await super().areset(seed=seed)
         await self.aclose()
-        if seed is None:
-            seed = int(self.np_random.integers(2**31))
-        self._seed = seed
+        self._seed, self._options = seed, options
         self.site = self._draw_site(options or {})
         task = self.site.name
         self.steps = 0
@@ -118,7 +122,9 @@ class BrowserEnv(Env):
         for _ in range(MAX_DRAWS):
             task = self.task or TASKS[int(self.np_random.integers(len(TASKS)))]
             site = make_site(task, self.np_random)
-            if split is None or split_of(self.site_key(site), fraction) == split:
+            if split is None or site.name == "miniwob":  # its content is known after it loads
+                return site
+            if split_of(self.site_key(site), fraction) == split:
                 return site
         raise EnvError(f"gui/Browser-v0: {MAX_DRAWS} draws found no {split!r} task")
 
@@ -133,6 +139,8 @@ class BrowserEnv(Env):
             parsed, error = None, f"invalid action: {e}"
         if parsed is not None:
             error = await self.pool.call(self.session.act(parsed))
+        hook_error = await self.pool.call(self.session.page_hook(self.site.on_step))
+        error = error or hook_error
         head = f"Action: {parsed}" if parsed is not None else "Action: none"
         head += f"\nError: {error}" if error else "\nResult: ok"
         obs = await self._observation(head, None)
@@ -150,7 +158,12 @@ class BrowserEnv(Env):
         return obs, reward, terminated, truncated, info
 
     async def _observation(self, head: str, error: str | None) -> Observation:
-        self.view = await self.pool.call(self.session.observe())
+        try:
+            self.view = await self.pool.call(self.session.observe(screenshot=self.screenshots))
+        except Exception as e:  # the page or the browser is gone: infrastructure, not the agent
+            raise EnvError(
+                f"gui/Browser-v0: could not read the page: {type(e).__name__}: {e}"
+            ) from e
         lines = [head] + ([f"Error: {error}"] if error else [])
         dialogs = self.session.dialogs
         if dialogs:
@@ -180,30 +193,22 @@ class BrowserEnv(Env):
         return run_sync(self.ademonstration())
 
     async def ademonstration(self) -> list[Message] | None:
-        """Play the task's plan in a second env with the same seed; the conversation it made."""
-        if self._seed is None:
+        """Play the task's plan and record the conversation; the env is then reset again to the
+        same task, as it was (one browser context at a time: no second context is held)."""
+        if self._seed is None or self.site is None or not self.site.plan:
             return None
-        twin = BrowserEnv(
-            self.task,
-            observe=self.observe,
-            max_steps=self.max_steps,
-            viewport=self.config.viewport,
-            device_scale=self.config.device_scale,
-            action_timeout_s=self.config.action_timeout_s,
-            page_load_timeout_s=self.config.page_load_timeout_s,
-            max_contexts=self.max_contexts,
-        )
+        seed, options = self._seed, self._options
         try:
-            await twin.areset(seed=self._seed)
-            assert twin.site is not None
+            await self.areset(seed=seed, options=options)
+            assert self.site is not None
             out: list[Message] = []
-            for step in twin.site.plan:
-                reply = Message(role="assistant", content=str(plan_action(step, twin.view.nodes)))
-                obs, *_ = await twin.astep(reply)
+            for step in self.site.plan:
+                reply = Message(role="assistant", content=str(plan_action(step, self.view.nodes)))
+                obs, *_ = await self.astep(reply)
                 out += [reply, *obs]
             return out
         finally:
-            await twin.aclose()
+            await self.areset(seed=seed, options=options)
 
 
 def plan_action(step: PlanStep, nodes: list[Node]) -> Action:

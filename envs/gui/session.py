@@ -39,7 +39,7 @@ import logging
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -162,7 +162,20 @@ class Session:
         self.page.on("console", self._console)
         self.page.on("download", lambda d: self._block("download"))
         self.page.on("dialog", self._dialog)
-        return await self._navigate(self.page.goto(ORIGIN + self.site.start_path))
+        error = await self._navigate(self.page.goto(ORIGIN + self.site.start_path))
+        if error is None:
+            error = await self.page_hook(self.site.on_start)
+        return error
+
+    async def page_hook(
+        self, hook: Callable[[Callable[[str], Awaitable[Any]]], Awaitable[None]]
+    ) -> str | None:
+        """Run a site's page hook (``on_start``/``on_step``) with this page's ``evaluate``."""
+        try:
+            await hook(self.page.evaluate)
+        except PlaywrightError as e:
+            return f"the task page failed: {_first_line(e)}"
+        return None
 
     def _block(self, kind: str) -> None:
         self.blocked[kind] += 1
@@ -262,10 +275,24 @@ class Session:
             return f"page load failed: {_first_line(e)}"
         return None
 
-    async def observe(self) -> PageView:
-        """Screenshot, pruned element tree, URL and title of the page as it is now."""
-        raw = await self.page.evaluate(SNAPSHOT_JS)
-        png = await self.page.screenshot(type="png", animations="disabled", caret="hide")
+    async def observe(self, screenshot: bool = True) -> PageView:
+        """Screenshot (``b""`` when not asked for), pruned element tree, URL and title."""
+        for attempt in range(4):  # a navigation the action started may land while we read
+            try:
+                raw = await self.page.evaluate(SNAPSHOT_JS)
+                break
+            except PlaywrightError as e:
+                if attempt == 3 or "context was destroyed" not in str(e):
+                    raise
+                await self._settle()
+        png = b""
+        if screenshot:
+            png = await self.page.screenshot(
+                type="png",
+                animations="disabled",
+                caret="hide",
+                timeout=max(self.config.page_load_timeout_s, 10.0) * 1000,  # slow when busy
+            )
         return PageView(url=self.page.url, title=await self.page.title(), nodes=prune(raw), png=png)
 
     async def element(self, element_id: int) -> Any:

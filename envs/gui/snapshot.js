@@ -23,11 +23,15 @@
   const INPUTS = { checkbox: "checkbox", radio: "radio", button: "button", submit: "button",
     reset: "button", image: "button", search: "searchbox", range: "slider", number: "spinbutton" };
   const NAMED_BY_TEXT = new Set(["link", "button", "heading", "option", "columnheader",
-    "menuitem", "tab"]);
+    "menuitem", "tab", "clickable"]);
   const SKIP = new Set(["SCRIPT", "STYLE", "NOSCRIPT", "TEMPLATE", "HEAD", "META", "LINK"]);
-  const roleOf = (el) => {
+  const roleOf = (el, style) => {
     const r = el.getAttribute("role");
     if (r) return r;
+    // an element drawn as clickable (pointer cursor, unlike its parent) that is no control
+    const up = el.parentElement;
+    if (style.cursor === "pointer" && !TAGS[el.tagName] && el.tagName !== "INPUT" &&
+        (!up || getComputedStyle(up).cursor !== "pointer")) return "clickable";
     if (el.tagName === "INPUT") {
       const t = (el.getAttribute("type") || "text").toLowerCase();
       return t === "hidden" ? "" : (INPUTS[t] || "textbox");
@@ -52,7 +56,7 @@
     if (style.display === "none" || style.visibility === "hidden" || el.getAttribute("aria-hidden") === "true") {
       return { role: "", hidden: true, children: [] };
     }
-    const role = roleOf(el);
+    const role = roleOf(el, style);
     const r = el.getBoundingClientRect();
     const node = { role, children: [] };
     if (role === "label" && el.control) node.labels = true;  // its control carries its text

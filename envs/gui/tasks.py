@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import html
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -178,6 +180,14 @@ class Site(ABC):
     @abstractmethod
     def respond(self, request: Request) -> Response:
         """Serve one request (any path, any method); record success or failure."""
+
+    async def on_start(self, evaluate: Callable[[str], Awaitable[Any]]) -> None:
+        """After the start page loaded: run page code (``evaluate(js_function)``) to set up."""
+        return None
+
+    async def on_step(self, evaluate: Callable[[str], Awaitable[Any]]) -> None:
+        """After each action: read page state (a site whose checker runs in the page)."""
+        return None
 
 
 def _pick(rng: np.random.Generator, items: tuple[str, ...], k: int | None = None) -> list[str]:
@@ -368,7 +378,11 @@ class FormSite(Site):
 
 
 def make_site(task: str, rng: np.random.Generator) -> Site:
-    """The site of ``task`` (one of ``TASKS``) with content drawn from ``rng``."""
+    """The site of ``task`` (one of ``TASKS``, or ``miniwob/<name>``) with content from ``rng``."""
+    if task.startswith("miniwob/"):
+        from envs.gui.miniwob import MiniWoBSite
+
+        return MiniWoBSite(task.removeprefix("miniwob/"), seed=int(rng.integers(2**31)))
     if task == "login":
         return LoginSite(rng)
     if task == "search":

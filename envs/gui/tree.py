@@ -5,7 +5,8 @@
     text = render(nodes)                        # '[7] textbox "Username" value="al"' ...
 
 The raw tree comes from ``SNAPSHOT_JS`` (``envs/gui/snapshot.js``), which walks the DOM and
-gives each element a role (its ARIA ``role`` or the implicit role of its tag), an accessible
+gives each element a role (its ARIA ``role``, the implicit role of its tag, or ``clickable``
+for an element drawn with a pointer cursor that is no control, like MiniWoB's links), an accessible
 name (``aria-label``, its ``<label>``, ``alt``, ``title``, ``placeholder``, or its text for
 buttons, links, headings and options; other elements show their text as children), its state and its box in CSS pixels. It is computed
 from the DOM by our script, not read from Chromium's own accessibility tree; the ids it hands
@@ -33,6 +34,7 @@ INTERACTIVE = frozenset(
         "tab",
         "switch",
         "slider",
+        "clickable",
         "spinbutton",
     }
 )

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ from envs.gui.tree import find, walk
 from tests.gui.sites import PagesSite, html
 
 pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("chromium")]
+DOCS_PNG = Path(__file__).resolve().parents[2] / "docs" / "guides" / "img" / "gui-login.png"
 
 
 def say(text: str) -> Message:
@@ -257,3 +260,20 @@ def test_make_env_rejects_bad_options() -> None:
     for kwargs in ({"task": "shop"}, {"observe": "audio"}, {"max_steps": 0}):
         with pytest.raises(ConfigError):
             make_env("gui/Browser-v0", **kwargs)  # type: ignore[arg-type]
+
+
+async def test_docs_screenshot(tmp_path: Path) -> None:
+    """The picture in docs/guides/gui.md (rewritten with AGENTRL_UPDATE_DOCS=1): the login
+    task after its first action, as observe="both" shows it to a model."""
+    env = BrowserEnv("login", observe="both", viewport=(640, 360))
+    try:
+        await env.areset(seed=0)
+        assert env.site is not None
+        await env.astep(say(str(plan_action(env.site.plan[0], env.view.nodes))))
+        png = env.view.png
+    finally:
+        await env.aclose()
+    out = DOCS_PNG if os.environ.get("AGENTRL_UPDATE_DOCS") == "1" else tmp_path / "gui.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(png)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 100_000
