@@ -95,8 +95,8 @@ def run_server(
                 raise RuntimeError(f"server-{engine} gave {tokens} tokens, asked for {want}")
             figures[c] = tokens / elapsed
             print(f"server-{engine} c={c}: {figures[c]:.0f} tokens/s ({elapsed:.2f} s)", flush=True)
-        info = httpx2.get(server.url + "/get_server_info", timeout=30).json()["engine"]
-        print(f"server-{engine} engine stats: {json.dumps(info)}", flush=True)
+            info = httpx2.get(server.url + "/get_server_info", timeout=30).json()["engine"]
+            print(f"server-{engine} engine stats after c={c}: {json.dumps(info)}", flush=True)
     return figures
 
 

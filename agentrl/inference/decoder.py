@@ -19,11 +19,13 @@ decoders; ``check_supported`` says why another model is refused.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from agentrl.errors import ConfigError
 
@@ -138,47 +140,86 @@ class Decoder:
         n, t = ids.shape
         x = self.embed(ids)  # (N, T, H)
         cos, sin = self.rotary(x, pos)  # (N, T, D)
+        half = self.head_dim // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's signs
         cos, sin = cos[:, None], sin[:, None]  # (N, 1, T, D)
         keys = torch.arange(key_len, device=ids.device)
-        mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # (N, 1, T, key_len)
+        allowed = keys[None, None, :] <= pos[:, :, None]  # (N, T, key_len)
+        # an additive mask, built once: SDPA would turn a boolean one into this in every layer
+        mask = torch.zeros(allowed.shape, dtype=x.dtype, device=ids.device)
+        mask = mask.masked_fill_(~allowed, float("-inf"))[:, None]  # (N, 1, T, key_len)
+        group = self.n_heads // self.n_kv
+        if group > 1:  # the queries of a kv head attend as one: (N, 1, G T, key_len)
+            mask = mask.repeat(1, 1, group, 1)
         rows = torch.arange(n, device=ids.device)[:, None].expand(n, t)  # (N, T)
         slots = slice(first_slot, first_slot + n)
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = _rms_norm(layer.input_layernorm, x)
-            qkv = F.linear(h, *self.qkv[i])  # (N, T, (Hq + 2 Hkv) D)
-            qk = qkv[..., : (self.n_heads + self.n_kv) * self.head_dim]
-            qk = qk.view(n, t, self.n_heads + self.n_kv, self.head_dim)
-            v = qkv[..., (self.n_heads + self.n_kv) * self.head_dim :]
-            v = v.view(n, t, self.n_kv, self.head_dim)
-            if hasattr(attn, "q_norm"):  # qwen3
-                q, k = qk.split((self.n_heads, self.n_kv), dim=2)
-                qk = torch.cat((_rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)), dim=2)
-            qk = _rotate(qk.transpose(1, 2), cos, sin)  # q and k at once: (N, Hq + Hkv, T, D)
-            q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
-            kc, vc = cache.keys[i, slots], cache.values[i, slots]  # (N, Hkv, M, D)
-            kc[rows, :, pos] = k.transpose(1, 2)
-            vc[rows, :, pos] = v
-            o = F.scaled_dot_product_attention(
-                q,
-                kc[:, :, :key_len],
-                vc[:, :, :key_len],
-                attn_mask=mask,
-                scale=self.scale,
-                enable_gqa=self.n_kv != self.n_heads,
-            )  # (N, Hq, T, D)
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(n, t, self.n_heads * self.head_dim))
-            mlp = layer.mlp
-            gate, up = F.linear(
-                _rms_norm(layer.post_attention_layernorm, x), *self.gate_up[i]
-            ).chunk(2, dim=-1)
-            x = x + mlp.down_proj(mlp.act_fn(gate) * up)
+        with _attention_backends(ids.device, t):
+            for i, layer in enumerate(self.layers):
+                x = self._layer(i, layer, x, cache, slots, rows, pos, cos, sin, mask, key_len)
         if last is None:
             h_last = x[:, -1]
         else:
             h_last = x[torch.arange(n, device=ids.device), last]  # (N, H)
         out: torch.Tensor = self.lm_head(_rms_norm(self.norm, h_last))
         return out
+
+    def _layer(
+        self,
+        i: int,
+        layer: Any,
+        x: torch.Tensor,  # (N, T, H)
+        cache: SlotCache,
+        slots: slice,
+        rows: torch.Tensor,  # (N, T)
+        pos: torch.Tensor,  # (N, T)
+        cos: torch.Tensor,  # (N, 1, T, D)
+        sin: torch.Tensor,  # (N, 1, T, D), first half negated
+        mask: torch.Tensor,  # (N, 1, G T, key_len) additive
+        key_len: int,
+    ) -> torch.Tensor:
+        n, t = rows.shape
+        attn = layer.self_attn
+        h = _rms_norm(layer.input_layernorm, x)
+        qkv = F.linear(h, *self.qkv[i])  # (N, T, (Hq + 2 Hkv) D)
+        qk = qkv[..., : (self.n_heads + self.n_kv) * self.head_dim]
+        qk = qk.view(n, t, self.n_heads + self.n_kv, self.head_dim)
+        v = qkv[..., (self.n_heads + self.n_kv) * self.head_dim :]
+        v = v.view(n, t, self.n_kv, self.head_dim)
+        if hasattr(attn, "q_norm"):  # qwen3
+            q, k = qk.split((self.n_heads, self.n_kv), dim=2)
+            qk = torch.cat((_rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)), dim=2)
+        qk = _rotate(qk.transpose(1, 2), cos, sin)  # q and k at once: (N, Hq + Hkv, T, D)
+        q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
+        kc, vc = cache.keys[i, slots], cache.values[i, slots]  # (N, Hkv, M, D)
+        kc[rows, :, pos] = k.transpose(1, 2)
+        vc[rows, :, pos] = v
+        # grouped-query attention as plain attention: each kv head's G query heads are
+        # G T queries of one head, so the kv cache is read once per kv head, not G times
+        o = F.scaled_dot_product_attention(
+            q.reshape(n, self.n_kv, -1, self.head_dim),
+            kc[:, :, :key_len],
+            vc[:, :, :key_len],
+            attn_mask=mask,
+            scale=self.scale,
+        )  # (N, Hkv, G T, D)
+        o = o.reshape(n, self.n_heads, t, self.head_dim)
+        x = x + attn.o_proj(o.transpose(1, 2).reshape(n, t, self.n_heads * self.head_dim))
+        mlp = layer.mlp
+        gate, up = F.linear(_rms_norm(layer.post_attention_layernorm, x), *self.gate_up[i]).chunk(
+            2, dim=-1
+        )
+        return x + mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+def _attention_backends(device: torch.device, t: int) -> contextlib.AbstractContextManager[Any]:
+    """Prefill on CUDA (``t`` > 1 tokens per row, new shapes at every call) uses the
+    memory-efficient SDPA kernel. The cuDNN one that SDPA picks on an H200 sets up each new
+    shape: the server's prefills took ~285 ms each, against 24 ms in-process where every
+    prefill's shapes had been seen (``benchmarks/generation_profile.py`` times both kernels
+    on fresh shapes). Decode steps keep SDPA's choice: a few bucketed shapes, captured once."""
+    if device.type != "cuda" or t == 1:
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -205,6 +246,8 @@ def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """Rotary embedding: ``x * cos + rotate_half(x) * sin`` in three kernels, with ``sin``'s
+    first half negated by the caller (``rotate_half(x) = cat(-x2, x1)``, so
+    ``rotate_half(x) * sin = cat(x2, x1) * cat(-sin1, sin2)``)."""
+    swapped = x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)
+    return torch.addcmul(x * cos, swapped, sin)

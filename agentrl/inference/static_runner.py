@@ -3,8 +3,9 @@
     submit() -> waiting queue --(free slots, step boundary)--> batched prefill into slots
         [B, B + n) -> sample on the device -> decode steps over slots [0, B): one token per
         row, k/v written at each row's position in its slot, attention over the slot's prefix
-        (a length mask) -> one host sync per step for the new tokens -> finished rows free
-        their slots; the last rows move into the holes (slots stay packed at [0, B))
+        (a length mask) -> the step's tokens copied to pinned host memory -> the next step is
+        launched before the host reads them (CUDA) -> finished rows free their slots; the
+        last rows move into the holes (slots stay packed at [0, B))
 
 The cache is ``SlotCache`` (``decoder.py``): ``(layers, slots, kv_heads, max_len, head_dim)``,
 allocated once from ``kv_cache_gb`` and ``max_seq_len``. A request holds one slot from its
@@ -17,7 +18,10 @@ slot is refused by the server (``max_context`` is the slot length).
 Sampling (temperature, top-p, top-k, seeded) runs on the device (``device_sampling.py``); the
 host reads one small tensor per step (tokens and logprobs), does the per-request bookkeeping
 (stop tokens and strings, lengths, versions) and only touches the device again when the batch
-changes. Weight updates, pause and abort go through ``ModelRunner.call`` as before: they run
+changes. With CUDA graphs that reading overlaps the next step (``_decode_ahead``): step k + 1
+is replayed before step k's tokens are read, so the device never waits for the host's Python;
+a row that step k finishes wastes one token of step k + 1 (dropped), and anything that changes
+the batch (a prefill, an abort, a weight update, pause) first reads the step in flight. Weight updates, pause and abort go through ``ModelRunner.call`` as before: they run
 between steps, and the forward reads the model's own parameters, so the next step uses them.
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -76,6 +81,16 @@ def _bucket(n: int, cap: int, floor: int = 1) -> int:
     return min(b, cap)
 
 
+def _key_bucket(n: int, cap: int) -> int:
+    """Attended length for ``n`` positions: the smallest of 64, 96, 128, 192, 256, 384, ...
+    (two buckets per doubling) that is >= n, at most cap. Attention reads every position of
+    the bucket for every row, so finer buckets than powers of two save bytes on long tails."""
+    b = MIN_KEY_BUCKET
+    while b < n:
+        b = b * 3 // 2 if b & (b - 1) == 0 else b // 3 * 4
+    return min(b, cap)
+
+
 class StaticRunner(ModelRunner):
     """``ModelRunner`` with a slot KV cache, our own forward and device sampling."""
 
@@ -99,11 +114,28 @@ class StaticRunner(ModelRunner):
         self._active = torch.zeros(n, dtype=torch.long, device=dev)  # 1: the slot runs
         self._filtering = False  # some running row filters (top-k/top-p)
         self._decode_s = 0.0  # wall time in decode steps (graph or forward, sampling, host)
+        self._prefill_s = 0.0  # wall time in prefills
+        self._capture_s = 0.0  # wall time capturing graphs (inside decode steps)
         self._dirty = True  # the device copies above are stale: rebuild before the next step
+        self._pending: _InFlight | None = None  # the graph step launched, not read yet
+        cuda = self.device.type == "cuda"
+        self._host_bufs = [
+            (
+                torch.zeros(n, dtype=torch.long, pin_memory=cuda),
+                torch.zeros(n, dtype=torch.float32, pin_memory=cuda),
+                torch.cuda.Event() if cuda else None,
+            )
+            for _ in range(2)
+        ]
+        self._flip = 0
         self._graphs: dict[tuple[int, int, bool], tuple[Any, Any]] = {}
         self._graph_pool: Any = None
         self._weight_ptrs = self._param_ptrs()
         self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
+        self.overlap = self.use_graphs
+        """Launch each decode step before reading the one before it (``_decode_ahead``): on
+        with CUDA graphs; on CPU, where a step runs as it is launched, there is nothing to
+        overlap (tests turn it on to check the bookkeeping)."""
         self.stats.update(
             slots=slots, max_len=max_len, graphs_captured=0, prefix_hit_tokens=0, prompt_tokens=0
         )
@@ -119,6 +151,7 @@ class StaticRunner(ModelRunner):
         return self.cache.slots - len(self.slots)
 
     def _remove_running(self, ids: set[int]) -> None:
+        self._pending = None  # commands flush it first; this drops it only after a failure
         self._free([i for i, r in enumerate(self.slots) if id(r) in ids])
 
     def info(self) -> dict[str, Any]:
@@ -131,6 +164,8 @@ class StaticRunner(ModelRunner):
             engine="static",
             prefix_hit_rate=self.stats["prefix_hit_tokens"] / max(self.stats["prompt_tokens"], 1),
             decode_ms_per_step=1e3 * self._decode_s / max(self.stats["decode_steps"], 1),
+            prefill_s=self._prefill_s,
+            capture_s=self._capture_s,
         )
         return out
 
@@ -200,8 +235,16 @@ class StaticRunner(ModelRunner):
         self.stats["prompt_tokens"] += sum(len(r.input_ids) for r in reqs)
         return starts
 
-    @torch.inference_mode()
     def _prefill(self) -> None:
+        self._flush()
+        if self._room() <= 0:
+            return
+        start = time.perf_counter()
+        self._prefill_batch()
+        self._prefill_s += time.perf_counter() - start
+
+    @torch.inference_mode()
+    def _prefill_batch(self) -> None:
         donors = self._donors()
         reqs = self._admit_next(donors)
         first, n = len(self.slots), len(reqs)
@@ -233,6 +276,24 @@ class StaticRunner(ModelRunner):
     @torch.inference_mode()
     def _decode(self) -> None:
         start = time.perf_counter()
+        if self.overlap:
+            self._decode_ahead()
+        else:
+            if self._dirty:
+                self._sync_rows()
+            b = len(self.slots)
+            tokens, logprobs, logp = self._step(b, max(self.lens) + 1, self._filtering)
+            self._count_forward(b, "decode_steps")
+            for i in range(b):
+                self.lens[i] += 1
+            self._record(0, tokens[:b], logprobs[:b], logp[:b])
+        self._decode_s += time.perf_counter() - start
+
+    def _decode_ahead(self) -> None:
+        """Replay this step, then read the step before it while this one runs: the host's
+        per-request work overlaps the device's next step instead of leaving it idle. A row
+        that the earlier step finishes has one wasted token in this step (dropped); rows
+        that leave make the batch change, so both steps are read before the slots move."""
         if self._dirty:
             self._sync_rows()
         b = len(self.slots)
@@ -244,8 +305,41 @@ class StaticRunner(ModelRunner):
         self._count_forward(b, "decode_steps")
         for i in range(b):
             self.lens[i] += 1
-        self._record(0, tokens[:b], logprobs[:b], logp[:b])
-        self._decode_s += time.perf_counter() - start
+        if any(r.params.top_logprobs for r in self.slots):  # logp is overwritten by the next
+            self._record(0, tokens[:b], logprobs[:b], logp[:b])
+            return
+        step = self._to_host(tokens[:b], logprobs[:b])
+        previous, self._pending = self._pending, step
+        if previous is None:
+            return
+        done = self._append(0, *previous.read(), skip=set())
+        if done:
+            self._pending = None
+            done += self._append(0, *step.read(), skip=set(done))
+            self._free(done)
+
+    def _to_host(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> _InFlight:
+        """Start copying a step's tokens and logprobs into pinned memory (two buffers, used in
+        turn: one step in flight and one being read)."""
+        tok, lp, event = self._host_bufs[self._flip]
+        self._flip ^= 1
+        n = tokens.shape[0]
+        tok[:n].copy_(tokens, non_blocking=True)
+        lp[:n].copy_(logprobs, non_blocking=True)
+        if event is not None:
+            event.record()
+        return _InFlight(rows=n, tokens=tok, logprobs=lp, event=event)
+
+    def _flush(self) -> None:
+        """Read the step in flight (before the batch changes or a command runs)."""
+        step, self._pending = self._pending, None
+        if step is not None:
+            self._free(self._append(0, *step.read(), skip=set()))
+
+    def _drain(self, block: bool) -> bool:
+        if self._pending is not None and (block or not self._inbox.empty()):
+            self._flush()
+        return super()._drain(block)
 
     def _sample(
         self, logits: torch.Tensor, rows: slice, filtering: bool
@@ -279,11 +373,13 @@ class StaticRunner(ModelRunner):
     def _replay(self, b: int, key_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The decode step from the CUDA graph of its buckets (captured on first use)."""
         rows = _bucket(b, self.cache.slots)
-        key = (rows, _bucket(key_len, self.cache.max_len, MIN_KEY_BUCKET), self._filtering)
+        key = (rows, _key_bucket(key_len, self.cache.max_len), self._filtering)
         entry = self._graphs.get(key)
         if entry is None:
+            start = time.perf_counter()
             entry = self._capture(*key)
             self._graphs[key] = entry
+            self._capture_s += time.perf_counter() - start
         graph, out = entry
         graph.replay()
         return out
@@ -342,32 +438,44 @@ class StaticRunner(ModelRunner):
     ) -> None:
         """Read the sampled tokens of rows [first, first + n) back (one sync), record them,
         finish the rows that are done and free their slots."""
-        n = tokens.shape[0]
-        reqs = self.slots[first : first + n]
         host = torch.stack((tokens.double(), logprobs.double())).cpu().tolist()
-        top_v: list[list[float]] = []
-        top_i: list[list[int]] = []
-        want = max(r.params.top_logprobs for r in reqs)
+        top: list[tuple[list[float], list[int]]] | None = None
+        want = max(r.params.top_logprobs for r in self.slots[first : first + tokens.shape[0]])
         if want > 0:
             values, idx = logp.topk(min(want, self.vocab_size), dim=-1)
-            top_v, top_i = values.tolist(), idx.tolist()
+            top = list(zip(values.tolist(), idx.tolist(), strict=True))
+        tok_ids = [int(t) for t in host[0]]
+        self._free(self._append(first, tok_ids, host[1], skip=set(), top=top))
+
+    def _append(
+        self,
+        first: int,
+        tokens: list[int],
+        logprobs: list[float],
+        skip: set[int],
+        top: list[tuple[list[float], list[int]]] | None = None,
+    ) -> list[int]:
+        """Record one sampled token per row of [first, first + n), except rows in ``skip``
+        (already finished); finish the requests that are done and return their rows."""
         done: list[int] = []
-        for j, req in enumerate(reqs):
-            tok = int(host[0][j])
+        for j, req in enumerate(self.slots[first : first + len(tokens)]):
+            if first + j in skip:
+                continue
+            tok = tokens[j]
             req.output_ids.append(tok)
-            req.logprobs.append(host[1][j])
+            req.logprobs.append(logprobs[j])
             k = req.params.top_logprobs
-            if k > 0:
-                req.top.append(list(zip(top_v[j][:k], top_i[j][:k], strict=True)))
+            if k > 0 and top is not None:
+                values, idx = top[j]
+                req.top.append(list(zip(values[:k], idx[:k], strict=True)))
             if req.on_token is not None:
                 req.on_token(tok)
             reason = self._finish_reason(req, tok)
             if reason is not None:
                 self._finish(req, reason)
                 done.append(first + j)
-        self.stats["tokens_generated"] += n
-        if done:
-            self._free(done)
+        self.stats["tokens_generated"] += len(tokens) - len(skip)
+        return done
 
     def _free(self, rows: list[int]) -> None:
         """Release slots ``rows``; move the last running rows into the holes."""
@@ -383,6 +491,21 @@ class StaticRunner(ModelRunner):
                 self.slots[dst], self.lens[dst] = self.slots[src], self.lens[src]
         del self.slots[keep_n:], self.lens[keep_n:]
         self._dirty = True
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    """A decode step's tokens and logprobs on their way to pinned host memory."""
+
+    rows: int
+    tokens: torch.Tensor  # (slots,) pinned; the first ``rows`` are this step's
+    logprobs: torch.Tensor  # (slots,) pinned
+    event: Any  # torch.cuda.Event recorded after the copies; None on CPU (copied already)
+
+    def read(self) -> tuple[list[int], list[float]]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.tokens[: self.rows].tolist(), self.logprobs[: self.rows].tolist()
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -30,9 +30,14 @@ def llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("static") / "llama", arch="llama", seed=3)
 
 
-def _runner(model: Path, engine: str = "static", **kw: Any) -> ModelRunner:
+def _runner(model: Path, engine: str = "static", overlap: bool = False, **kw: Any) -> ModelRunner:
+    """``overlap``: decode ahead (each step launched before the previous one is read), the
+    CUDA-graph path's loop, run on CPU."""
     cfg = ModelRunner.Config(model=str(model), num_threads=1, engine=engine, **kw)  # type: ignore[arg-type]
     runner = build_runner(cfg)
+    if overlap:
+        assert isinstance(runner, StaticRunner)
+        runner.overlap = True
     runner.start()
     return runner
 
@@ -64,13 +69,13 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(5, 800, (k,), generator=g).tolist() for k in lens]
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize(("arch", "overlap"), [("qwen2", False), ("llama", False), ("llama", True)])
 def test_logprobs_match_teacher_forcing_with_rows_joining_and_leaving(
-    arch: str, tiny_model: Path, llama_model: Path
+    arch: str, overlap: bool, tiny_model: Path, llama_model: Path
 ) -> None:
     path = tiny_model if arch == "qwen2" else llama_model
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    runner = _runner(path, max_batch_size=5)  # 12 requests through 5 slots: queue + moves
+    runner = _runner(path, overlap=overlap, max_batch_size=5)  # 12 through 5 slots: queue + moves
     try:
         prompts = _prompts(12)
         temps = [0.0, 1.0, 0.7, 1.3]
@@ -244,5 +249,63 @@ def test_prefix_made_by_older_weights_is_not_reused(tiny_model: Path, tiny_model
         want = _teacher_forced(model_b, prompt, after.output_ids, 0.0)
         assert (torch.tensor(after.output_logprobs) - want).abs().max().item() <= 1e-5
         runner.abort("old").result(timeout=60)
+    finally:
+        runner.shutdown()
+
+
+def test_decoding_ahead_keeps_stops_top_logprobs_and_versions(
+    tiny_model: Path, tiny_model_b: Path
+) -> None:
+    """The overlapped loop reads a step after launching the next: a row that stops at the
+    earlier step must not get the later step's token, top_logprobs still come, and a weight
+    update between steps tags the tokens after it."""
+    model_b = AutoModelForCausalLM.from_pretrained(tiny_model_b, dtype=torch.float32).eval()
+    prompts = _prompts(8, seed=7)
+    free = [RequestParams(max_new_tokens=40, temperature=1.0, seed=i) for i in range(8)]
+    runs = {}
+    for overlap in (False, True):
+        runner = _runner(tiny_model, overlap=overlap, max_batch_size=4)
+        try:
+            runs[overlap] = _submit(runner, prompts, free, f"o{overlap}")
+        finally:
+            runner.shutdown()
+    # stop on the 3rd token each request drew: both loops must end every row right there
+    stops = [
+        RequestParams(
+            max_new_tokens=40,
+            temperature=1.0,
+            seed=i,
+            stop_token_ids=frozenset([r.output_ids[2]]) if len(r.output_ids) > 3 else frozenset(),
+            top_logprobs=3 if i == 5 else 0,
+        )
+        for i, r in enumerate(runs[False])
+    ]
+    runner = _runner(tiny_model, overlap=True, max_batch_size=4)
+    try:
+        stopped = _submit(runner, prompts, stops, "s")
+        for res, base in zip(stopped, runs[False], strict=True):
+            cut = base.output_ids.index(base.output_ids[2]) + 1 if len(base.output_ids) > 3 else 40
+            assert res.output_ids == base.output_ids[:cut]
+            assert res.output_logprobs == pytest.approx(base.output_logprobs[:cut], abs=1e-5)
+        assert [r.output_ids for r in runs[True]] == [r.output_ids for r in runs[False]]
+        top = stopped[5].top_logprobs
+        assert top is not None and len(top) == len(stopped[5].output_ids)
+        assert stopped[4].top_logprobs is None
+        long = RequestParams(max_new_tokens=3000, temperature=0.0, ignore_eos=True)
+        fut: concurrent.futures.Future[RunnerResult] = concurrent.futures.Future()
+        runner.submit(RunnerRequest(rid="v", input_ids=[5, 6], params=long, on_done=fut.set_result))
+        while not runner.info()["running"]:
+            time.sleep(0.01)
+
+        def update() -> int:
+            apply_named_tensors(runner.model, dict(model_b.state_dict()))
+            return runner.set_weight_version(None)
+
+        runner.call(update).result(timeout=60)
+        runner.abort("v").result(timeout=60)
+        res = fut.result(timeout=60)
+        versions = res.output_versions
+        assert versions is not None and versions[0] == 0 and versions[-1] == 1
+        assert versions == sorted(versions) and len(versions) == len(res.output_ids)
     finally:
         runner.shutdown()
