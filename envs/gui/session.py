@@ -396,6 +396,7 @@ class BrowserPool:
         self._browser: Any = None
         self._playwright: Any = None
         self._sem: asyncio.Semaphore | None = None
+        self._launch_lock = asyncio.Lock()  # used on the pool's loop only
         self._workdir = Path(tempfile.mkdtemp(prefix="agentrl-chromium-"))
         self.open_sessions = 0
 
@@ -413,6 +414,10 @@ class BrowserPool:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     async def _ensure_browser(self) -> Any:
+        async with self._launch_lock:  # concurrent first opens start one browser, not several
+            return await self._launch()
+
+    async def _launch(self) -> Any:
         if self._browser is None or not self._browser.is_connected():
             exe = chromium_executable(self._workdir)
             if self._playwright is None:

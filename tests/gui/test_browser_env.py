@@ -236,8 +236,10 @@ async def test_one_browser_many_isolated_contexts_with_a_cap() -> None:
         script = "<script>document.cookie='a=' + (document.cookie ? 'seen' : 'fresh'); localStorage.x = 1;</script>"
         sites = [PagesSite({"/": html(script + "<p>x</p>")}) for _ in range(3)]
         config = SessionConfig()
-        a, _ = await pool.open(sites[0], config)
-        b, _ = await pool.open(sites[1], config)
+        (a, _), (b, _) = await asyncio.gather(  # first opens at once: still one browser
+            pool.open(sites[0], config), pool.open(sites[1], config)
+        )
+        assert a.page.context.browser is b.page.context.browser
         third = asyncio.ensure_future(pool.open(sites[2], config))
         await asyncio.sleep(0.5)
         assert not third.done() and pool.open_sessions == 2  # waits for a free slot
