@@ -194,10 +194,14 @@ class ModelRunner:
         self, mode: Literal["abort", "in_place", "retract"] = "abort"
     ) -> concurrent.futures.Future[int]:
         """Stop stepping. ``abort`` also finishes every request with finish_reason abort;
-        ``in_place`` and ``retract`` keep them (and their KV) to continue on resume."""
+        ``in_place`` keeps them (and their KV) to continue on resume; ``retract`` (static
+        engine) frees their KV and, after resume, prefills each again, prompt and tokens so
+        far, with the weights served then (the dynamic engine keeps the KV, as ``in_place``)."""
 
         def run() -> int:
             self.paused = True
+            if mode == "retract":
+                self._retract()
             return self._abort(None, "aborted by pause_generation") if mode == "abort" else 0
 
         return self.call(run)
@@ -279,6 +283,9 @@ class ModelRunner:
                 cmd = self._inbox.get_nowait()
             except queue.Empty:
                 return True
+
+    def _retract(self) -> None:
+        """``pause(mode="retract")``: this engine keeps its KV cache, as ``in_place``."""
 
     def _running(self) -> list[RunnerRequest]:
         batch = self._batch  # read once: info() calls this from another thread

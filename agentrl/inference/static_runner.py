@@ -174,7 +174,22 @@ class StaticRunner(ModelRunner):
             self.decoder.fuse()
             self._graphs.clear()
             self._weight_ptrs = self._param_ptrs()
-        return super().set_weight_version(version)
+        version = super().set_weight_version(version)
+        for req in self._waiting:
+            if req.output_ids:  # retracted: its next tokens come from these weights
+                req.version_marks.append((len(req.output_ids), version))
+        return version
+
+    def _retract(self) -> None:
+        """Free every running request's slot and put it back at the head of the queue: its
+        next prefill recomputes its prompt and its tokens so far with the weights served then,
+        and sampling goes on from its next token (same seed, same draw index)."""
+        self._flush()
+        running = list(self.slots)
+        self._pending = None
+        del self.slots[:], self.lens[:]
+        self._dirty = True
+        self._waiting.extendleft(reversed(running))
 
     def _param_ptrs(self) -> tuple[int, ...]:
         return tuple(p.data_ptr() for p in self.model.parameters())
@@ -193,7 +208,7 @@ class StaticRunner(ModelRunner):
             if len(req.input_ids) > MIN_REUSE and head in heads and head not in donors:
                 deferred.append(self._waiting.popleft())
                 continue
-            n = len(req.input_ids)
+            n = len(req.input_ids) + len(req.output_ids)  # a retracted one: both again
             if taken and max(longest, n) * (len(taken) + 1) > self.cfg.max_prefill_tokens:
                 break
             longest = max(longest, n)
@@ -249,12 +264,14 @@ class StaticRunner(ModelRunner):
         reqs = self._admit_next(donors)
         first, n = len(self.slots), len(reqs)
         starts = self._reuse(reqs, first, donors)
-        width = max(len(r.input_ids) - s for r, s in zip(reqs, starts, strict=True))
+        seqs = [r.input_ids + r.output_ids for r in reqs]  # a retracted request's tokens too
+        width = max(len(q) - s for q, s in zip(seqs, starts, strict=True))
         ids = torch.zeros((n, width), dtype=torch.long)
-        for i, (r, s) in enumerate(zip(reqs, starts, strict=True)):
-            r.start_version = self.weight_version
-            ids[i, : len(r.input_ids) - s] = torch.tensor(r.input_ids[s:], dtype=torch.long)
-        lens = [len(r.input_ids) for r in reqs]
+        for i, (r, q, s) in enumerate(zip(reqs, seqs, starts, strict=True)):
+            if not r.output_ids:
+                r.start_version = self.weight_version  # the version of its first token
+            ids[i, : len(q) - s] = torch.tensor(q[s:], dtype=torch.long)
+        lens = [len(q) for q in seqs]
         dev = self.device
         offsets = torch.tensor(starts, device=dev)[:, None]
         pos = (offsets + torch.arange(width, device=dev)[None, :]).clamp(max=self.max_context - 1)

@@ -309,3 +309,40 @@ def test_decoding_ahead_keeps_stops_top_logprobs_and_versions(
         assert versions == sorted(versions) and len(versions) == len(res.output_ids)
     finally:
         runner.shutdown()
+
+
+def test_retracted_request_prefills_again_under_the_new_weights(
+    tiny_model: Path, tiny_model_b: Path
+) -> None:
+    """pause(retract) frees the running request's KV; after a weight update and resume, its
+    next prefill recomputes prompt and tokens so far with the new weights, so the tokens after
+    the update equal a teacher-forced forward of the new model over the whole prefix."""
+    model_b = AutoModelForCausalLM.from_pretrained(tiny_model_b, dtype=torch.float32).eval()
+    runner = _runner(tiny_model, max_seq_len=128)
+    try:
+        prompt = [5, 6, 7, 8]
+        sp = RequestParams(max_new_tokens=3000, temperature=1.0, seed=4, ignore_eos=True)
+        fut: concurrent.futures.Future[RunnerResult] = concurrent.futures.Future()
+        runner.submit(RunnerRequest(rid="r", input_ids=prompt, params=sp, on_done=fut.set_result))
+        while runner.info()["tokens_generated"] < 3:
+            time.sleep(0.001)
+        runner.pause("retract").result(timeout=60)
+        info = runner.info()
+        assert info["running"] == 0 and info["waiting"] == 1 and not fut.done()
+
+        def update() -> int:
+            apply_named_tensors(runner.model, dict(model_b.state_dict()))
+            return runner.set_weight_version(None)
+
+        runner.call(update).result(timeout=60)
+        runner.resume().result(timeout=60)
+        res = fut.result(timeout=120)
+        assert res.finish_reason["type"] == "length" and len(prompt) + len(res.output_ids) == 128
+        versions = res.output_versions
+        assert versions is not None and versions == sorted(versions) and versions[0] == 0
+        k = versions.index(1)
+        assert k >= 3
+        want = _teacher_forced(model_b, prompt + res.output_ids[:k], res.output_ids[k:], 1.0)
+        assert (torch.tensor(res.output_logprobs[k:]) - want).abs().max().item() <= 1e-5
+    finally:
+        runner.shutdown()
