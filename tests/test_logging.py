@@ -3,6 +3,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,15 +115,22 @@ def wandb_records(path: Path) -> list[Any]:
     return records
 
 
-def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
-    """Each history row W&B wrote offline under ``run_dir/wandb``: {"_step": k, key: value}."""
+def wandb_history(run_dir: Path, *, want: int = 1) -> list[dict[str, Any]]:
+    """Each history row W&B wrote offline under ``run_dir/wandb``: {"_step": k, key: value}.
+
+    W&B's writer process can still be appending after ``finish()`` returns (seen once on a
+    loaded 2-core machine: no history record yet), so the file is re-read for up to 10 s
+    until it holds ``want`` rows."""
     (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    rows = []
-    for r in wandb_records(log):
-        if r.WhichOneof("record_type") == "history":
-            rows.append(
-                {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-            )
+    for _ in range(50):
+        rows = [
+            {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            for r in wandb_records(log)
+            if r.WhichOneof("record_type") == "history"
+        ]
+        if len(rows) >= want:
+            break
+        time.sleep(0.2)
     return rows
 
 
@@ -136,7 +144,7 @@ def test_wandb_offline_run_holds_every_logged_step(tmp_path, monkeypatch) -> Non
     with MetricsLogger(cfg, tmp_path / "demo", run_config={"seed": 3}) as log:
         log.log({"train/pg_loss": 0.5, "rollout/reward_mean": 0.25}, step=1)
         log.log({"train/pg_loss": 0.125, "rollout/reward_mean": float("nan")}, step=2)
-    rows = wandb_history(tmp_path / "demo")
+    rows = wandb_history(tmp_path / "demo", want=2)
     assert [r["_step"] for r in rows] == [1, 2]
     assert rows[0]["train/pg_loss"] == 0.5 and rows[1]["train/pg_loss"] == 0.125
     assert rows[0]["rollout/reward_mean"] == 0.25
