@@ -30,12 +30,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import numpy as np
+
 from agentrl.env import Env, Info, Observation, StepResult, run_sync
 from agentrl.errors import ConfigError, EnvError
 from agentrl.splits import DEFAULT_EVAL_FRACTION, MAX_DRAWS, split_of
 from agentrl.types import Message
 from envs.gui.actions import HELP, Action, ActionError, parse_action
-from envs.gui.tasks import TASKS, PlanStep, Site, make_site
+from envs.gui.tasks import TASKS, FormSite, LoginSite, PlanStep, SearchSite, Site
 from envs.gui.tree import Node, find
 
 Observe = Literal["text", "screenshot", "both"]
@@ -209,6 +211,22 @@ class BrowserEnv(Env):
             return out
         finally:
             await self.areset(seed=seed, options=options)
+
+
+def make_site(task: str, rng: np.random.Generator) -> Site:
+    """The site of ``task`` (one of ``TASKS``, or ``miniwob/<name>``) with content from ``rng``.
+
+    Here rather than in ``tasks.py``: ``miniwob.py`` builds on ``tasks.py``, so only the env
+    knows both."""
+    if task.startswith("miniwob/"):
+        from envs.gui.miniwob import MiniWoBSite
+
+        return MiniWoBSite(task.removeprefix("miniwob/"), seed=int(rng.integers(2**31)))
+    if task == "login":
+        return LoginSite(rng)
+    if task == "search":
+        return SearchSite(rng)
+    return FormSite(rng)
 
 
 def plan_action(step: PlanStep, nodes: list[Node]) -> Action:

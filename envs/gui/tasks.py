@@ -1,6 +1,6 @@
 """The GUI tasks of our own: small websites built per seed, with programmatic checkers.
 
-    site = make_site("login", rng)      # content drawn from rng: names, passwords, products
+    site = LoginSite(rng)               # content drawn from rng: names, passwords, products
     site.instruction                    # 'Log in as "mira.okafor" with the password "k7vq2p".'
     site.respond(request)               # the site's server, called for every page request
     site.reward, site.done              # what the checker saw (set by respond)
@@ -375,16 +375,3 @@ class FormSite(Site):
             self.reward, self.done = (1.0 if ok else 0.0), True
             return page("Thank you", "<h1>Thank you</h1><p>Your message was sent.</p>")
         return not_found(request.path)
-
-
-def make_site(task: str, rng: np.random.Generator) -> Site:
-    """The site of ``task`` (one of ``TASKS``, or ``miniwob/<name>``) with content from ``rng``."""
-    if task.startswith("miniwob/"):
-        from envs.gui.miniwob import MiniWoBSite
-
-        return MiniWoBSite(task.removeprefix("miniwob/"), seed=int(rng.integers(2**31)))
-    if task == "login":
-        return LoginSite(rng)
-    if task == "search":
-        return SearchSite(rng)
-    return FormSite(rng)
