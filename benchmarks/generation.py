@@ -160,6 +160,23 @@ def _hf_caller(
     return lambda: model.generate(input_ids=ids, attention_mask=mask, generation_config=gen, **kw)
 
 
+def ensure_model(args: argparse.Namespace) -> None:
+    """The benchmark's Llama-shaped model at ``args.model``, built from the size flags once."""
+    from agentrl.tiny import make_tiny_model
+
+    if not Path(args.model, "config.json").exists():
+        make_tiny_model(
+            args.model,
+            arch="llama",
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_heads=args.heads,
+            num_kv_heads=args.heads,
+            vocab_size=1024,
+            dtype=args.dtype,
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--layers", type=int, default=20)
@@ -177,19 +194,7 @@ def main() -> None:
     levels = [int(x) for x in args.concurrency.split(",")]
     paths = args.paths.split(",")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    from agentrl.tiny import make_tiny_model
-
-    if not Path(args.model, "config.json").exists():
-        make_tiny_model(
-            args.model,
-            arch="llama",
-            hidden_size=args.hidden,
-            num_layers=args.layers,
-            num_heads=args.heads,
-            num_kv_heads=args.heads,
-            vocab_size=1024,
-            dtype=args.dtype,
-        )
+    ensure_model(args)
     from transformers import AutoConfig
 
     args.vocab = int(AutoConfig.from_pretrained(args.model).vocab_size)

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from generation import requests_mix
+from generation import ensure_model, requests_mix
 
 
 class PhaseTimer:
@@ -284,19 +284,7 @@ def main() -> None:
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     levels = [int(x) for x in args.concurrency.split(",")]
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    from agentrl.tiny import make_tiny_model
-
-    if not Path(args.model, "config.json").exists():
-        make_tiny_model(
-            args.model,
-            arch="llama",
-            hidden_size=args.hidden,
-            num_layers=args.layers,
-            num_heads=args.heads,
-            num_kv_heads=args.heads,
-            vocab_size=1024,
-            dtype=args.dtype,
-        )
+    ensure_model(args)
     from agentrl.inference.runner import ModelRunner
     from agentrl.inference.static_runner import StaticRunner
 
