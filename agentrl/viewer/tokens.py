@@ -9,8 +9,8 @@ segment's conversation prefix with the assistant messages replaced by their raw 
 (``Trajectory.turns``, as ``TokenLedger.check`` does), trying the longest prefix first. The
 tool schemas the model was shown are not in the record: the check renders without tools, and
 again with the schemas of the env class's ``tools`` (a class attribute, looked up in the env
-registry) when there are some; a difference inside the first prompt that remains may come
-from tools an env sets per instance, and is reported as such.
+registry) when there are some; a difference inside the first prompt that remains may be
+due to tools an env sets per instance, and is reported as such.
 """
 
 from __future__ import annotations
