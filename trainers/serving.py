@@ -193,12 +193,32 @@ class Fleet:
     def start(self, model_path: str | Path) -> None:
         """Start the servers (in parallel) on free loopback ports, connect a client, and start
         watching them."""
+        self.spawn(model_path)
+        self.connect()
+
+    def spawn(self, model_path: str | Path) -> None:
+        """Start the server processes on free loopback ports without waiting for them, so the
+        caller can do other work (build its training workers) while they load; ``connect()``
+        waits. A server that fails to start is reported by ``connect()``."""
         self.servers = [self._server(i, str(model_path)) for i in range(self.cfg.num_servers)]
+        for server in self.servers:
+            server.spawn()
 
-        async def start_all() -> None:
-            await asyncio.gather(*(asyncio.to_thread(s.start) for s in self.servers))
+    @property
+    def on_cpu(self) -> bool:
+        """Every server runs on the CPU. GPU servers size their caches from the memory free when
+        they start, so they must not start while training workers are loading beside them."""
+        devices = self.cfg.placement or [self.device]
+        return all(d == "cpu" for d in devices)
 
-        self.run(start_all())
+    def connect(self) -> None:
+        """Wait until every spawned server answers (InferenceError with its log otherwise),
+        connect a client, and start watching them."""
+
+        async def wait_all() -> None:
+            await asyncio.gather(*(asyncio.to_thread(s.wait_ready) for s in self.servers))
+
+        self.run(wait_all())
         self.log_dir.mkdir(parents=True, exist_ok=True)
         (self.log_dir / "servers.json").write_text(
             json.dumps([{"url": s.url, "pid": s.pid} for s in self.servers])

@@ -3,6 +3,7 @@ reports the page's reward; a few are solved (reward 1) and failed (reward below 
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import re
 
@@ -31,32 +32,41 @@ def named(nodes: list[Node], role: str, name: str) -> int:
     return node.id
 
 
-@pytest.mark.slow  # about 2 s a task on 2 cores: 130 tasks, ~4.5 minutes
+@pytest.mark.slow  # 130 tasks, four at a time (contexts of one browser)
 async def test_every_packaged_task_loads_and_reports_the_page_reward() -> None:
     from envs.gui.miniwob import miniwob_tasks
 
     tasks = miniwob_tasks()
     assert len(tasks) >= 100 and "click-button" in tasks
-    env = BrowserEnv(action_timeout_s=1.0)
+    todo = list(tasks)
     failed: dict[str, str] = {}
-    try:
-        for name in tasks:
-            env.task = f"miniwob/{name}"
-            _, info = await env.areset(seed=0)
-            _, reward, terminated, _, step_info = await env.astep(say("scroll(down)"))
-            state = env.site.state  # type: ignore[union-attr]
-            if (
-                info["error"]
-                or step_info["error"]
-                or set(state) != {"done", "raw_reward", "reward", "reason"}
-            ):
-                failed[name] = str(info["error"] or step_info["error"] or state)
-            elif terminated != bool(state["done"]) or (
-                terminated and reward != state["raw_reward"]
-            ):
-                failed[name] = f"reward {reward} / terminated {terminated} do not follow {state}"
-    finally:
-        await env.aclose()
+    checked: list[str] = []
+
+    async def check(env: BrowserEnv, name: str) -> None:
+        env.task = f"miniwob/{name}"
+        _, info = await env.areset(seed=0)
+        _, reward, terminated, _, step_info = await env.astep(say("scroll(down)"))
+        state = env.site.state  # type: ignore[union-attr]
+        checked.append(name)
+        if (
+            info["error"]
+            or step_info["error"]
+            or set(state) != {"done", "raw_reward", "reward", "reason"}
+        ):
+            failed[name] = str(info["error"] or step_info["error"] or state)
+        elif terminated != bool(state["done"]) or (terminated and reward != state["raw_reward"]):
+            failed[name] = f"reward {reward} / terminated {terminated} do not follow {state}"
+
+    async def worker() -> None:  # each env holds one context at a time
+        env = BrowserEnv(action_timeout_s=1.0)
+        try:
+            while todo:
+                await check(env, todo.pop())
+        finally:
+            await env.aclose()
+
+    await asyncio.gather(*(worker() for _ in range(4)))
+    assert sorted(checked) == sorted(tasks)  # every task, once
     assert not failed, failed
 
 
