@@ -31,13 +31,9 @@ def _kill_run(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
             os.kill(int(s["pid"]), signal.SIGKILL)
 
 
-@pytest.mark.slow
-def test_kill_after_checkpoint_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
-    import ray
-
-    from agentrl.distributed import init_ray_local
-
-    # The run that gets killed: its own process (and its own Ray), as `agentrl train` would be.
+def _train_until_killed(tmp_path: Path, name: str, *extra: str) -> Path:
+    """``agentrl train`` in its own process (and its own Ray), as a user would run it, SIGKILLed
+    once its step-1 checkpoint is written; the run dir."""
     cmd = [
         sys.executable,
         "-m",
@@ -46,22 +42,33 @@ def test_kill_after_checkpoint_then_resume_matches_an_uninterrupted_run(tmp_path
         str(RECIPE),
         *SMOKE,
         *STEPS,
+        *extra,
         f"output_dir={tmp_path}",
-        "name=killed",
+        f"name={name}",
     ]
-    log = (tmp_path / "killed.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    killed_dir = tmp_path / "killed"
-    try:
-        deadline = time.monotonic() + 480
-        while not (killed_dir / "checkpoints" / "step_000001" / "trainer_state.json").exists():
-            assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint after 8 minutes"
-            time.sleep(0.2)
-    finally:
-        _kill_run(killed_dir, proc)
+    log_path = tmp_path / f"{name}.log"
+    run_dir = tmp_path / name
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 480
+            while not (run_dir / "checkpoints" / "step_000001" / "trainer_state.json").exists():
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no checkpoint after 8 minutes"
+                time.sleep(0.2)
+        finally:
+            _kill_run(run_dir, proc)
     assert proc.returncode == -signal.SIGKILL
+    return run_dir
 
+
+@pytest.mark.slow
+def test_kill_after_checkpoint_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    import ray
+
+    from agentrl.distributed import init_ray_local
+
+    killed_dir = _train_until_killed(tmp_path, "killed")
     init_ray_local(num_cpus=2)
     try:
         Trainer(smoke_config(tmp_path, *STEPS, "name=killed"), resume=True).run()
@@ -74,3 +81,45 @@ def test_kill_after_checkpoint_then_resume_matches_an_uninterrupted_run(tmp_path
     assert [r["step"] for r in killed] == [r["step"] for r in straight] == [1, 2, 3]
     for a, b in zip(killed[1:], straight[1:], strict=True):  # every step after the crash
         assert deterministic(a) == pytest.approx(deterministic(b), rel=1e-5, abs=1e-6)
+
+
+def _trained_samples(run_dir: Path) -> dict[int, list[str]]:
+    """Step -> the sample uids of every trajectory that step trained (trajectories/ logs them
+    all here: trajectories.per_step is above the batch)."""
+    out = {}
+    for path in sorted((run_dir / "trajectories").glob("step_*.jsonl")):
+        rows = read_jsonl(path)
+        out[rows[0]["step"]] = sorted(r["sample"]["uid"] for r in rows)
+    return out
+
+
+@pytest.mark.slow
+def test_async_run_killed_with_batches_in_flight_trains_every_sample_once(
+    tmp_path: Path,
+) -> None:
+    """train.mode=async keeps no buffer in its checkpoints: a SIGKILL after checkpoint 1, with
+    the batches of steps 2 and 3 already generating, loses them; the resumed run re-admits them
+    from the data cursor. Each step then trains exactly the samples an uninterrupted sync run
+    trains at that step (none twice, none skipped), within the staleness bound."""
+    import ray
+
+    from agentrl.distributed import init_ray_local
+
+    logged = "trajectories.per_step=64"
+    mode = ["train.mode=async", "train.max_staleness=2", logged]
+    killed_dir = _train_until_killed(tmp_path, "killed", *mode)
+    init_ray_local(num_cpus=2)
+    try:
+        Trainer(smoke_config(tmp_path, *STEPS, *mode, "name=killed"), resume=True).run()
+        Trainer(smoke_config(tmp_path, *STEPS, logged, "name=straight")).run()
+    finally:
+        ray.shutdown()
+
+    rows = read_jsonl(killed_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 2 for r in rows)
+    trained, straight = _trained_samples(killed_dir), _trained_samples(tmp_path / "straight")
+    assert sorted(trained) == [1, 2, 3]
+    assert trained == straight
+    uids = [set(step) for step in trained.values()]
+    assert sum(len(u) for u in uids) == len(set().union(*uids))  # no sample in two steps
