@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -195,7 +195,10 @@ def load_model(config: EngineConfig) -> nn.Module:
     """The HF model for ``config.role``, fp32 master weights, cache off."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    kwargs = dict(dtype=torch.float32, attn_implementation=config.attn_implementation)
+    kwargs: dict[str, Any] = {
+        "dtype": torch.float32,
+        "attn_implementation": config.attn_implementation,
+    }
     try:
         if config.role == "critic":
             model = AutoModelForTokenClassification.from_pretrained(
