@@ -140,8 +140,8 @@ class BrowserEnv(Env):
         except ActionError as e:
             parsed, error = None, f"invalid action: {e}"
         if parsed is not None:
-            error = await self.pool.call(self.session.act(parsed))
-        hook_error = await self.pool.call(self.session.page_hook(self.site.on_step))
+            error = await self.pool.work(self.session.act(parsed))
+        hook_error = await self.pool.work(self.session.page_hook(self.site.on_step))
         error = error or hook_error
         head = f"Action: {parsed}" if parsed is not None else "Action: none"
         head += f"\nError: {error}" if error else "\nResult: ok"
@@ -161,7 +161,7 @@ class BrowserEnv(Env):
 
     async def _observation(self, head: str, error: str | None) -> Observation:
         try:
-            self.view = await self.pool.call(self.session.observe(screenshot=self.screenshots))
+            self.view = await self.pool.work(self.session.observe(screenshot=self.screenshots))
         except Exception as e:  # the page or the browser is gone: infrastructure, not the agent
             raise EnvError(
                 f"gui/Browser-v0: could not read the page: {type(e).__name__}: {e}"

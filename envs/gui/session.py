@@ -2,17 +2,19 @@
 
     pool = BrowserPool.shared()                          # started on first use, capped
     session = await pool.open(site, SessionConfig())     # a fresh context + page on the site
-    view = await pool.call(session.observe())            # screenshot, element tree, URL, title
-    result = await pool.call(session.act(action))        # error text or None
-    await pool.call(session.close())
+    view = await pool.work(session.observe())            # screenshot, element tree, URL, title
+    result = await pool.work(session.act(action))        # error text or None
+    await pool.release(session)
 
 Playwright's async objects belong to the event loop that made them, while an ``Env`` is
 called from any loop (the sync ``reset``/``step`` wrappers each run one of their own). So the
 pool runs Playwright and the browser on a thread of its own with its own loop, and every
 browser call is a coroutine handed to that loop (``pool.call``); a semaphore on it caps the
-open contexts (``max_contexts``). The browser is Debian's chromium with its sandbox on
-(``agentrl/browser.py``), started with DNS resolution off and a dead proxy, so a request that
-escapes Playwright's routing still goes nowhere.
+open contexts (``max_contexts``), another the pages working at once (``max_busy``: loads,
+actions and observations queue on a busy machine instead of running into their timeouts).
+The browser is Debian's chromium with its sandbox on (``agentrl/browser.py``), started with
+DNS resolution off and a dead proxy, so a request that escapes Playwright's routing still
+goes nowhere.
 
 Isolation (``Guard``): the page reaches only the task's site, served at ``tasks.ORIGIN`` by
 answering Playwright's request routing from ``Site.respond`` (no socket). Everything else is
@@ -36,6 +38,7 @@ import asyncio
 import atexit
 import base64
 import logging
+import os
 import tempfile
 import threading
 from collections import Counter
@@ -384,10 +387,17 @@ class BrowserPool:
     _shared: BrowserPool | None = None
     _shared_lock = threading.Lock()
 
-    def __init__(self, max_contexts: int = 16) -> None:
+    def __init__(self, max_contexts: int = 16, max_busy: int | None = None) -> None:
         if max_contexts < 1:
             raise ConfigError(f"max_contexts must be >= 1, got {max_contexts}")
         self.max_contexts = max_contexts
+        # Page work (loads, actions, observations) running at once. Without a cap, 32 sessions
+        # on 2 cores timed out: 31 of 32 page loads (page_load_timeout_s=5), then 24 of 32
+        # typing actions (action_timeout_s=2). Queued work starts its clock when it starts.
+        self.max_busy = max_busy or max(2, 2 * (os.cpu_count() or 1))
+        if self.max_busy < 1:
+            raise ConfigError(f"max_busy must be >= 1, got {self.max_busy}")
+        self._busy: asyncio.Semaphore | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="agentrl-browser", daemon=True
@@ -429,6 +439,7 @@ class BrowserPool:
                 proxy={"server": "http://127.0.0.1:9"},  # a dead proxy: no request gets out
             )
             self._sem = asyncio.Semaphore(self.max_contexts)
+            self._busy = asyncio.Semaphore(self.max_busy)
         return self._browser
 
     async def _open(self, site: Site, config: SessionConfig) -> tuple[Session, str | None]:
@@ -438,11 +449,25 @@ class BrowserPool:
         session = Session(site, config)
         self.open_sessions += 1
         try:
-            error = await session.start(browser)
+            assert self._busy is not None
+            async with self._busy:
+                error = await session.start(browser)
         except BaseException:
             await self._release(session)
             raise
         return session, error
+
+    async def work(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``call`` for page work (an action, an observation, a page hook): it waits while
+        ``max_busy`` pages are working, so a busy machine queues work instead of timing it out."""
+
+        async def limited() -> T:
+            if self._busy is None:  # no browser yet: nothing to wait for
+                return await coro
+            async with self._busy:
+                return await coro
+
+        return await self.call(limited())
 
     async def open(self, site: Site, config: SessionConfig) -> tuple[Session, str | None]:
         """A new session on ``site`` (waits while ``max_contexts`` are open) and its load error."""

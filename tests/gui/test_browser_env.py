@@ -256,6 +256,27 @@ async def test_one_browser_many_isolated_contexts_with_a_cap() -> None:
         pool.shutdown()
 
 
+@pytest.mark.parametrize("max_busy", [1, 3])
+async def test_page_work_beyond_max_busy_waits_for_a_free_slot(max_busy: int) -> None:
+    pool = BrowserPool(max_contexts=2, max_busy=max_busy)
+    running, most = 0, 0
+
+    async def page_work() -> None:  # stands in for an action: counts who runs at once
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.1)
+        running -= 1
+
+    try:
+        session, _ = await pool.open(PagesSite({"/": html("<p>x</p>")}), SessionConfig())
+        await asyncio.gather(*(pool.work(page_work()) for _ in range(6)))
+        assert most == max_busy
+        await pool.release(session)
+    finally:
+        pool.shutdown()
+
+
 def test_make_env_rejects_bad_options() -> None:
     from agentrl.errors import ConfigError
 
