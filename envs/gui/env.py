@@ -10,7 +10,9 @@ action is the last action line of the assistant's reply (``envs/gui/actions.py``
 observation is one user message with the action's outcome, the URL, the title and the pruned
 element tree (``envs/gui/tree.py``), plus the screenshot as an image part when
 ``observe="both"`` or ``"screenshot"`` (the PNG of the last step is at ``env.view.png``;
-``screenshots=False`` skips taking it in text mode, which saves CPU when no one looks). A reply without a valid action, an action on a missing or disabled element,
+``screenshots=False`` skips taking it in text mode, which saves CPU when no one looks;
+``marks=True`` draws a set-of-marks overlay on the image the model sees, ``env.image``:
+every element framed and labelled with its tree id, ``envs/gui/marks.py``). A reply without a valid action, an action on a missing or disabled element,
 a key that does not exist, a page that does not load in time: each becomes an observation the
 agent reads (and ``info["error"]``), never an exception. The site's checker sets the reward;
 the episode ends when the task is done (login accepted, result opened, form sent) or after
@@ -28,6 +30,7 @@ checks). ``ademonstration`` plays the task's plan from the same reset and record
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Literal
 
 import numpy as np
@@ -37,6 +40,7 @@ from agentrl.errors import ConfigError, EnvError
 from agentrl.splits import DEFAULT_EVAL_FRACTION, MAX_DRAWS, split_of
 from agentrl.types import Message
 from envs.gui.actions import HELP, Action, ActionError, parse_action
+from envs.gui.marks import set_of_marks
 from envs.gui.tasks import TASKS, FormSite, LoginSite, PlanStep, SearchSite, Site
 from envs.gui.tree import Node, find
 
@@ -60,6 +64,7 @@ class BrowserEnv(Env):
         page_load_timeout_s: float = 5.0,
         max_contexts: int = 16,
         screenshots: bool = True,
+        marks: bool = False,
     ) -> None:
         if task is not None and task not in TASKS and not task.startswith("miniwob/"):
             raise ConfigError(
@@ -72,6 +77,11 @@ class BrowserEnv(Env):
             )
         if max_steps < 1:
             raise ConfigError(f"gui/Browser-v0: max_steps must be >= 1, got {max_steps}")
+        if marks and observe == "text":
+            raise ConfigError(
+                "gui/Browser-v0: marks=True draws on the screenshot the model sees; set "
+                "observe to 'both' or 'screenshot', or leave marks off in text mode"
+            )
         from envs.gui.session import BrowserPool, SessionConfig  # playwright: the gui extra
 
         self.task = task
@@ -79,6 +89,8 @@ class BrowserEnv(Env):
         self.max_steps = max_steps
         self.max_contexts = max_contexts
         self.screenshots = screenshots or observe != "text"
+        self.marks = marks
+        self.image = b""  # the PNG the last observation showed (set-of-marks drawn when marks)
         self.config = SessionConfig(
             viewport=(int(viewport[0]), int(viewport[1])),
             device_scale=float(device_scale),
@@ -177,9 +189,15 @@ class BrowserEnv(Env):
         text = "\n".join(lines)
         if self.observe == "text":
             return [Message(role="user", content=text)]
+        self.image = self.view.png
+        if self.marks:
+            self.image = set_of_marks(
+                self.view.png, self.view.nodes, scale=self.config.device_scale
+            )
+        url = "data:image/png;base64," + base64.b64encode(self.image).decode()
         parts: list[dict[str, Any]] = [
             {"type": "text", "text": text},
-            {"type": "image_url", "image_url": {"url": self.view.data_url()}},
+            {"type": "image_url", "image_url": {"url": url}},
         ]
         return [Message(role="user", content=parts)]
 

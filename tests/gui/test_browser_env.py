@@ -6,6 +6,7 @@ python -m pytest -m browser tests/gui      # needs chromium + playwright (the gu
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import os
 from pathlib import Path
@@ -277,10 +278,44 @@ async def test_page_work_beyond_max_busy_waits_for_a_free_slot(max_busy: int) ->
         pool.shutdown()
 
 
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+async def test_marks_frame_each_element_of_the_tree_in_the_image_the_model_sees(
+    scale: float,
+) -> None:
+    from PIL import Image
+
+    from envs.gui.marks import mark_colour
+
+    env = BrowserEnv("login", observe="both", marks=True, device_scale=scale)
+    try:
+        obs, _ = await env.areset(seed=0)
+        url = obs[0].content[1]["image_url"]["url"]  # type: ignore[index]
+        shown = base64.b64decode(url.split(",", 1)[1])
+        assert shown == env.image != env.view.png  # the model sees the marked screenshot
+        marked = Image.open(io.BytesIO(shown)).convert("RGB")
+        plain = Image.open(io.BytesIO(env.view.png)).convert("RGB")
+        assert marked.size == plain.size
+        framed = [n for n in walk(env.view.nodes) if n.id is not None and n.box is not None]
+        assert len(framed) >= 3  # the login form's fields and button at least
+        for node in framed:
+            assert node.id is not None and node.box is not None
+            x, y, w, h = (round(v * scale) for v in node.box)
+            edge = (x + w - 1, y + h // 2)  # the right edge of its frame
+            assert marked.getpixel(edge) == mark_colour(node.id), node
+    finally:
+        await env.aclose()
+
+
 def test_make_env_rejects_bad_options() -> None:
     from agentrl.errors import ConfigError
 
-    for kwargs in ({"task": "shop"}, {"observe": "audio"}, {"max_steps": 0}):
+    bad: tuple[dict[str, object], ...] = (
+        {"task": "shop"},
+        {"observe": "audio"},
+        {"max_steps": 0},
+        {"marks": True},  # in text mode there is no image to draw on
+    )
+    for kwargs in bad:
         with pytest.raises(ConfigError):
             make_env("gui/Browser-v0", **kwargs)  # type: ignore[arg-type]
 
@@ -300,3 +335,18 @@ async def test_docs_screenshot(tmp_path: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(png)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 100_000
+
+
+async def test_docs_marks_screenshot(tmp_path: Path) -> None:
+    """docs/guides/img/gui-form-marks.png (rewritten with AGENTRL_UPDATE_DOCS=1): the form
+    task's first page with the set-of-marks overlay, as marks=True shows it to a model."""
+    env = BrowserEnv("form", observe="both", marks=True, viewport=(640, 400))
+    try:
+        await env.areset(seed=0)
+        png = env.image
+    finally:
+        await env.aclose()
+    docs = DOCS_PNG.with_name("gui-form-marks.png")
+    out = docs if os.environ.get("AGENTRL_UPDATE_DOCS") == "1" else tmp_path / "marks.png"
+    out.write_bytes(png)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png != env.view.png and len(png) < 100_000
