@@ -417,6 +417,14 @@ class BrowserPool:
             if cls._shared is None:
                 cls._shared = cls(max_contexts)
                 atexit.register(cls._shared.shutdown)
+            elif cls._shared.max_contexts != max_contexts:
+                logger.warning(
+                    "gui: this process's browser pool was made with max_contexts=%d; a "
+                    "request for %d is ignored (give every env of the process the same "
+                    "max_contexts)",
+                    cls._shared.max_contexts,
+                    max_contexts,
+                )
             return cls._shared
 
     async def call(self, coro: Coroutine[Any, Any, T]) -> T:
