@@ -153,15 +153,7 @@ class Trainer:
         self.template = ChatTemplate.from_pretrained(self.policy_path)
         self.pad_id = int(self.template.tokenizer.pad_token_id)
         self.fleet = Fleet.for_run(cfg, self.run_dir / "logs")
-        # On CPU the servers load while the training workers are built (~a third of a small
-        # run's setup); GPU servers size their KV cache from free memory, so they start first.
-        if self.fleet.on_cpu:
-            self.fleet.spawn(self.policy_path)
-            self._build_workers()
-            self.fleet.connect()
-        else:
-            self.fleet.start(self.policy_path)
-            self._build_workers()
+        self.fleet.start_beside(self.policy_path, self._build_workers)
         self.rubric = cfg.reward.build_rubric()
         self.collector = self.fleet.collector(cfg.rollout, self.template, rubric=self.rubric)
         if state is not None:

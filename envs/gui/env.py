@@ -12,9 +12,9 @@ element tree (``envs/gui/tree.py``), plus the screenshot as an image part when
 ``observe="both"`` or ``"screenshot"`` (the PNG of the last step is at ``env.view.png``;
 ``screenshots=False`` skips taking it in text mode, which saves CPU when no one looks;
 ``marks=True`` draws a set-of-marks overlay on the image the model sees, ``env.image``:
-every element framed and labelled with its tree id, ``envs/gui/marks.py``). A reply without a valid action, an action on a missing or disabled element,
-a key that does not exist, a page that does not load in time: each becomes an observation the
-agent reads (and ``info["error"]``), never an exception. The site's checker sets the reward;
+every element framed and labelled with its tree id, ``envs/gui/marks.py``). A reply without a
+valid action, an action on a missing or disabled element, a key that does not exist, a page
+that does not load in time: each becomes an observation the agent reads (and ``info["error"]``), never an exception. The site's checker sets the reward;
 the episode ends when the task is done (login accepted, result opened, form sent) or after
 ``max_steps`` actions (truncated).
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import base64
 import logging
 import os
 import tempfile
@@ -121,9 +120,6 @@ class PageView:
     @property
     def tree(self) -> str:
         return render(self.nodes)
-
-    def data_url(self) -> str:
-        return "data:image/png;base64," + base64.b64encode(self.png).decode()
 
 
 class Session:
@@ -394,9 +390,9 @@ class BrowserPool:
         # Page work (loads, actions, observations) running at once. Without a cap, 32 sessions
         # on 2 cores timed out: 31 of 32 page loads (page_load_timeout_s=5), then 24 of 32
         # typing actions (action_timeout_s=2). Queued work starts its clock when it starts.
+        if max_busy is not None and max_busy < 1:
+            raise ConfigError(f"max_busy must be >= 1, got {max_busy}")
         self.max_busy = max_busy or max(2, 2 * (os.cpu_count() or 1))
-        if self.max_busy < 1:
-            raise ConfigError(f"max_busy must be >= 1, got {self.max_busy}")
         self._busy: asyncio.Semaphore | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
