@@ -101,3 +101,16 @@ def test_importing_agentrl_is_cheap() -> None:
 def test_every_package_is_typed() -> None:
     for pkg in ("agentrl", *sorted(IMPLEMENTATIONS)):
         assert (ROOT / pkg / "py.typed").is_file(), f"{pkg}/py.typed is missing"
+
+
+def test_test_module_basenames_are_unique() -> None:
+    """The test folders have no ``__init__.py``, so pytest imports each test module by its
+    basename: two ``test_pool.py`` in different folders make collection fail with "import file
+    mismatch" on a clean clone (a cached ``__pycache__`` can hide it locally)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if path.name == "conftest.py" or "__pycache__" in path.parts:
+            continue
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert clashes == {}, f"rename one of each clashing test module: {clashes}"
