@@ -108,7 +108,9 @@ class StaticRunner(ModelRunner):
         self._pos = torch.zeros(n, dtype=torch.long, device=dev)
         self._draw = torch.zeros(n, dtype=torch.long, device=dev)  # next draw index
         self._seed = torch.zeros(n, dtype=torch.long, device=dev)
-        self._top_k = torch.zeros(n, dtype=torch.long, device=dev)
+        # free slots keep every token: a top-k of 0 would make a filtering graph's padding
+        # rows draw index -1 (an out-of-bounds gather: a device assert on CUDA)
+        self._top_k = torch.full((n,), self.vocab_size, dtype=torch.long, device=dev)
         self._temp = torch.ones(n, dtype=torch.float32, device=dev)
         self._top_p = torch.ones(n, dtype=torch.float32, device=dev)
         self._active = torch.zeros(n, dtype=torch.long, device=dev)  # 1: the slot runs
@@ -429,7 +431,8 @@ class StaticRunner(ModelRunner):
     def _sync_rows(self) -> None:
         """Rebuild the per-slot device state from the host's view of the running requests."""
         n = self.cache.slots
-        toks, pos, draw, seed, top_k = [0] * n, [0] * n, [0] * n, [0] * n, [0] * n
+        toks, pos, draw, seed = [0] * n, [0] * n, [0] * n, [0] * n
+        top_k = [self.vocab_size] * n  # free slots too (see ``__init__``)
         active = [0] * n
         temp, top_p = [1.0] * n, [1.0] * n
         for i, req in enumerate(self.slots):

@@ -180,6 +180,22 @@ def test_cache_size_follows_the_budget_and_refuses_an_empty_one(tiny_model: Path
         cache_shape(tiny, model, torch.float32)
 
 
+@torch.inference_mode()
+def test_a_filtering_step_over_free_slots_draws_valid_tokens(tiny_model: Path) -> None:
+    """A CUDA graph runs the rows bucket, so its padding rows are free slots; in a top-k/top-p
+    graph they must draw a valid token (a top-k of 0 drew index -1: a device assert)."""
+    runner = _runner(tiny_model, max_seq_len=64, max_batch_size=4)
+    try:
+        assert isinstance(runner, StaticRunner)
+        for sync in (False, True):  # the state at start, then as rebuilt between steps
+            if sync:
+                runner._sync_rows()
+            tokens, _, _ = runner._step(runner.cache.slots, 64, filtering=True)
+            assert ((tokens >= 0) & (tokens < runner.vocab_size)).all()
+    finally:
+        runner.shutdown()
+
+
 def test_prompt_longer_than_a_slot_finishes_at_the_slot_length(tiny_model: Path) -> None:
     runner = _runner(tiny_model, max_seq_len=16)
     try:
