@@ -387,6 +387,14 @@ def main(argv: list[str] | None = None) -> None:
         "--kv-cache-gb", type=float, default=0.0, help="static: KV cache memory (0: automatic)"
     )
     p.add_argument("--no-cuda-graphs", action="store_true", help="static: eager decode steps")
+    p.add_argument(
+        "--capture-graphs",
+        default="eager",
+        choices=("eager", "lazy", "all"),
+        help="static on CUDA: capture every decode graph bucket at start, before the server "
+        "answers (eager: sampling without top-k/top-p; all: with too), or each on first use "
+        "(lazy); no-op on CPU",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=0)
     p.add_argument("--served-model-name", default=None)
@@ -452,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
             max_seq_len=a.max_seq_len,
             kv_cache_gb=a.kv_cache_gb,
             cuda_graphs=not a.no_cuda_graphs,
+            capture_graphs=a.capture_graphs,
         )
     )
     engine.start()

@@ -11,7 +11,8 @@ The cache is ``SlotCache`` (``decoder.py``): ``(layers, slots, kv_heads, max_len
 allocated once from ``kv_cache_gb`` and ``max_seq_len``. A request holds one slot from its
 prefill to its last token; rows join and leave without any tensor being re-padded or
 concatenated, so a decode step has the same shapes whatever the traffic and replays as a
-CUDA graph, one per (batch-size bucket, attended-length bucket), captured on first use.
+CUDA graph, one per (batch-size bucket, attended-length bucket): all captured at start with
+``capture_graphs`` eager (``capture_all``, before the server answers), else on first use.
 Requests beyond the free slots wait in the queue (never fail); a prompt that does not fit a
 slot is refused by the server (``max_context`` is the slot length).
 
@@ -44,6 +45,10 @@ logger = logging.getLogger(__name__)
 MIN_KEY_BUCKET = 64
 MIN_REUSE = 16
 """Shortest shared prompt prefix worth copying from a running request's slot."""
+CAPTURE_MODES = ("eager", "lazy", "all")
+"""``capture_graphs``: eager captures every (rows, length) bucket's decode graph at start (for
+sampling without top-k/top-p; the filtering variants on first use), all also the filtering
+variants, lazy each graph on first use."""
 DEFAULT_MAX_LEN = 8192
 """Tokens per slot unless ``max_seq_len`` says otherwise (a longer prompt gets a 400)."""
 
@@ -91,6 +96,27 @@ def _key_bucket(n: int, cap: int) -> int:
     return min(b, cap)
 
 
+def graph_key(rows: int, key_len: int, slots: int, max_len: int) -> tuple[int, int]:
+    """The (rows bucket, attended-length bucket) of a decode step over ``rows`` running
+    requests attending ``key_len`` positions, in a cache of ``slots`` x ``max_len``."""
+    return _bucket(rows, slots), _key_bucket(key_len, max_len)
+
+
+def decode_buckets(slots: int, max_len: int) -> list[tuple[int, int]]:
+    """Every (rows bucket, attended-length bucket) ``graph_key`` can give for this cache:
+    the graphs a server captures up front with ``capture_graphs`` eager."""
+    return [(r, k) for r in _steps(_bucket, slots) for k in _steps(_key_bucket, max_len)]
+
+
+def _steps(bucket: Any, cap: int) -> list[int]:
+    """The values of ``bucket(n, cap)`` for n = 1 .. cap, in order (each bucket's successor
+    is the bucket of one more than it)."""
+    out = [bucket(1, cap)]
+    while out[-1] < cap:
+        out.append(bucket(out[-1] + 1, cap))
+    return out
+
+
 class StaticRunner(ModelRunner):
     """``ModelRunner`` with a slot KV cache, our own forward and device sampling."""
 
@@ -132,6 +158,8 @@ class StaticRunner(ModelRunner):
         self._flip = 0
         self._graphs: dict[tuple[int, int, bool], tuple[Any, Any]] = {}
         self._graph_pool: Any = None
+        self._side: Any = None  # the stream captures warm up on
+        self._warmup_s = 0.0  # wall time of the captures' eager warm-up steps
         self._weight_ptrs = self._param_ptrs()
         self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
         self.overlap = self.use_graphs
@@ -141,6 +169,16 @@ class StaticRunner(ModelRunner):
         self.stats.update(
             slots=slots, max_len=max_len, graphs_captured=0, prefix_hit_tokens=0, prompt_tokens=0
         )
+        self._start_s = 0.0  # wall time of ``capture_all`` at start (graphs and prefill warm-up)
+        self._start_graphs = 0
+        self._graph_mb = 0.0  # device memory the start's graphs hold
+        if cfg.capture_graphs not in CAPTURE_MODES:
+            raise ConfigError(
+                f"capture_graphs must be one of {', '.join(CAPTURE_MODES)}, "
+                f"got {cfg.capture_graphs!r}."
+            )
+        if cfg.capture_graphs != "lazy":
+            self.capture_all(filtering=cfg.capture_graphs == "all")
 
     # ---- overrides of the batch bookkeeping --------------------------------------------
     def _running(self) -> list[RunnerRequest]:
@@ -168,6 +206,10 @@ class StaticRunner(ModelRunner):
             decode_ms_per_step=1e3 * self._decode_s / max(self.stats["decode_steps"], 1),
             prefill_s=self._prefill_s,
             capture_s=self._capture_s,
+            graphs_at_start=self._start_graphs,
+            capture_at_start_s=self._start_s,
+            capture_warmup_s=self._warmup_s,
+            graph_memory_mb=self._graph_mb,
         )
         return out
 
@@ -390,9 +432,9 @@ class StaticRunner(ModelRunner):
         return tokens, logprobs, logp
 
     def _replay(self, b: int, key_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The decode step from the CUDA graph of its buckets (captured on first use)."""
-        rows = _bucket(b, self.cache.slots)
-        key = (rows, _key_bucket(key_len, self.cache.max_len), self._filtering)
+        """The decode step from the CUDA graph of its buckets (captured on first use unless
+        ``capture_all`` captured it at start)."""
+        key = (*graph_key(b, key_len, self.cache.slots, self.cache.max_len), self._filtering)
         entry = self._graphs.get(key)
         if entry is None:
             start = time.perf_counter()
@@ -403,17 +445,92 @@ class StaticRunner(ModelRunner):
         graph.replay()
         return out
 
-    def _capture(self, rows: int, key_len: int, filtering: bool) -> tuple[Any, Any]:
+    @torch.inference_mode()
+    def capture_all(self, filtering: bool = False) -> int:
+        """Capture the decode step of every bucket ``_replay`` can ask for (``decode_buckets``;
+        with ``filtering`` also their top-k/top-p variants) and run one prefill on each device
+        kernel path, before the engine starts: a server's first requests then meet no capture
+        (100-300 ms each on an H200 when met mid-traffic). A no-op without CUDA graphs (CPU).
+        Returns the number of graphs captured."""
+        if not self.use_graphs or self.slots:
+            return 0
+        start = time.perf_counter()
+        before = torch.cuda.memory_allocated(self.device)
+        self._warm_prefill()
+        keys = [
+            (r, k, f)
+            for f in ((False, True) if filtering else (False,))
+            for r, k in decode_buckets(self.cache.slots, self.cache.max_len)
+        ]
+        todo = [key for key in keys if key not in self._graphs]
+        logger.info(
+            "capturing %d decode graphs (%d row buckets up to %d, %d length buckets up to %d%s)",
+            len(todo),
+            len(_steps(_bucket, self.cache.slots)),
+            self.cache.slots,
+            len(_steps(_key_bucket, self.cache.max_len)),
+            self.cache.max_len,
+            ", with and without top-k/top-p" if filtering else "",
+        )
+        last_log = start
+        for i, key in enumerate(todo, 1):
+            self._graphs[key] = self._capture(*key, log=False)
+            now = time.perf_counter()
+            if now - last_log > 5.0 or i == len(todo):
+                logger.info("captured %d/%d decode graphs (%.1f s)", i, len(todo), now - start)
+                last_log = now
+        torch.cuda.synchronize(self.device)
+        for t in (self.cache.keys, self.cache.values):  # the warm-ups wrote into free slots
+            t.zero_()
+        elapsed = time.perf_counter() - start
+        self._capture_s += elapsed
+        self._start_s += elapsed
+        self._start_graphs += len(todo)
+        self._graph_mb = (torch.cuda.memory_allocated(self.device) - before) / 2**20
+        logger.info(
+            "captured %d decode graphs at start in %.1f s (eager warm-up steps %.1f s); "
+            "they hold %.0f MiB of device memory",
+            len(todo),
+            elapsed,
+            self._warmup_s,
+            self._graph_mb,
+        )
+        return len(todo)
+
+    def _warm_prefill(self) -> None:
+        """One prefill forward and sampling pass per kernel path (one row, and as many as fit
+        one ``max_prefill_tokens`` batch of 64-token prompts) into free slots: CUDA loads each
+        kernel on its first launch, and cuBLAS picks its algorithms. Prefill shapes are not
+        bucketed and its attention is the memory-efficient kernel, which has no per-shape
+        set-up (``decoder._attention_backends``), so there is nothing per shape to warm."""
+        width = min(64, self.cache.max_len)
+        for n in sorted({1, max(1, min(self.cache.slots, self.cfg.max_prefill_tokens // width))}):
+            ids = torch.full((n, width), 5, dtype=torch.long, device=self.device)
+            pos = torch.arange(width, device=self.device)[None, :].expand(n, width)
+            logits = self.decoder.forward(self.cache, ids, pos, first_slot=0, key_len=width)
+            for filtering in (False, True):
+                self._sample(logits, slice(0, n), filtering)
+
+    def _capture(
+        self, rows: int, key_len: int, filtering: bool, log: bool = True
+    ) -> tuple[Any, Any]:
         """Capture ``_step`` for these buckets. The warm-up runs do the real step once on the
         side stream, so the state they advance is put back before the capture."""
         saved = [t.clone() for t in (self._tok, self._pos, self._draw)]
-        side = torch.cuda.Stream()
+        if self._side is None:
+            # one side stream for every capture: cuBLAS keeps a workspace per stream it runs
+            # on (a new stream per capture held ~17 MiB each: 1 GiB for 63 graphs on an H200)
+            self._side = torch.cuda.Stream()
+        side = self._side
+        start = time.perf_counter()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
                 self._step(rows, key_len, filtering)
                 for t, old in zip((self._tok, self._pos, self._draw), saved, strict=True):
                     t.copy_(old)
+        side.synchronize()
+        self._warmup_s += time.perf_counter() - start
         torch.cuda.current_stream().wait_stream(side)
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
@@ -421,7 +538,8 @@ class StaticRunner(ModelRunner):
         with torch.cuda.graph(graph, pool=self._graph_pool):
             out = self._step(rows, key_len, filtering)
         self.stats["graphs_captured"] += 1
-        logger.info("captured the decode step: %d rows, %d positions", rows, key_len)
+        if log:
+            logger.info("captured the decode step: %d rows, %d positions", rows, key_len)
         return graph, out
 
     def _filters(self, req: RunnerRequest) -> bool:

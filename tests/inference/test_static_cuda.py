@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.inference.runner import ModelRunner, RequestParams, RunnerRequest, RunnerResult
-from agentrl.inference.static_runner import StaticRunner
+from agentrl.inference.static_runner import StaticRunner, decode_buckets
 from agentrl.inference.weights import apply_named_tensors
 from agentrl.tiny import make_tiny_model
 
@@ -41,15 +41,17 @@ def _run(runner: ModelRunner, prompts: list[list[int]], sp: RequestParams) -> li
     return [f.result(timeout=300) for f in futs]
 
 
-def _runner(path: Path, graphs: bool) -> StaticRunner:
+def _runner(path: Path, graphs: bool, capture: str = "eager", **kw: Any) -> StaticRunner:
     cfg = ModelRunner.Config(
         model=str(path),
         device="cuda",
         dtype="bfloat16",
         engine="static",
         cuda_graphs=graphs,
-        max_seq_len=512,
+        capture_graphs=capture,  # type: ignore[arg-type]
+        max_seq_len=kw.pop("max_seq_len", 512),
         kv_cache_gb=1.0,
+        **kw,
     )
     runner = StaticRunner(cfg)
     runner.start()
@@ -127,5 +129,22 @@ def test_weight_update_reaches_the_captured_graphs(llama: Path, tmp_path: Path) 
             torch.tensor(after.output_logprobs) - _teacher(model_b, prompt, after.output_ids, 0.0)
         ).abs()
         assert delta.mean().item() <= 1e-2
+    finally:
+        runner.shutdown()
+
+
+def test_eager_capture_leaves_nothing_to_capture_during_traffic(llama: Path) -> None:
+    runner = _runner(llama, graphs=True, max_seq_len=256, max_batch_size=16)
+    try:
+        want = len(decode_buckets(runner.cache.slots, runner.cache.max_len))
+        assert runner.info()["graphs_at_start"] == want == runner.stats["graphs_captured"]
+        sp = RequestParams(max_new_tokens=40, temperature=1.0, ignore_eos=True, seed=1)
+        results = _run(runner, _prompts(12), sp)
+        assert all(len(r.output_ids) == 40 for r in results)
+        assert runner.stats["graphs_captured"] == want
+        # a top-k row runs a filtering graph (on first use) whose padding rows are free slots
+        topk = RequestParams(max_new_tokens=8, temperature=1.0, top_k=5, ignore_eos=True)
+        assert len(_run(runner, _prompts(3), topk)[0].output_ids) == 8
+        assert runner.stats["graphs_captured"] > want
     finally:
         runner.shutdown()

@@ -20,7 +20,13 @@ from transformers import AutoModelForCausalLM
 from agentrl.errors import ConfigError
 from agentrl.inference.device_sampling import sample_on_device, uniforms
 from agentrl.inference.runner import ModelRunner, RequestParams, RunnerRequest, RunnerResult
-from agentrl.inference.static_runner import StaticRunner, build_runner, cache_shape
+from agentrl.inference.static_runner import (
+    StaticRunner,
+    build_runner,
+    cache_shape,
+    decode_buckets,
+    graph_key,
+)
 from agentrl.inference.weights import apply_named_tensors
 from agentrl.tiny import make_tiny_model
 
@@ -178,6 +184,44 @@ def test_cache_size_follows_the_budget_and_refuses_an_empty_one(tiny_model: Path
     tiny = ModelRunner.Config(model="m", max_seq_len=100, kv_cache_gb=1e-9)
     with pytest.raises(ConfigError, match="kv_cache_gb"):
         cache_shape(tiny, model, torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("slots", "max_len"), [(1, 16), (3, 64), (8, 100), (64, 512), (100, 1000), (256, 8192)]
+)
+def test_decode_buckets_are_every_graph_a_decode_step_can_ask_for(slots: int, max_len: int) -> None:
+    """``capture_graphs`` eager captures ``decode_buckets`` at start: a bucket missing there
+    would be captured in the middle of traffic, one never asked for would waste memory."""
+    buckets = decode_buckets(slots, max_len)
+    assert len(buckets) == len(set(buckets))
+    # a step runs 1..slots rows and attends 1..max_len positions (max(lens) + 1 <= max_len)
+    rows = {graph_key(b, 1, slots, max_len)[0] for b in range(1, slots + 1)}
+    keys = {graph_key(1, k, slots, max_len)[1] for k in range(1, max_len + 1)}
+    assert set(buckets) == {(r, k) for r in rows for k in keys}
+    if slots * max_len <= 10_000:  # every pair, not just the two components
+        asked = {
+            graph_key(b, k, slots, max_len)
+            for b in range(1, slots + 1)
+            for k in range(1, max_len + 1)
+        }
+        assert asked == set(buckets)
+    assert max(r for r, _ in buckets) == slots and max(k for _, k in buckets) == max_len
+
+
+def test_capture_graphs_is_a_no_op_on_cpu(tiny_model: Path) -> None:
+    runner = _runner(tiny_model, capture_graphs="all", max_seq_len=64, max_batch_size=4)
+    try:
+        assert isinstance(runner, StaticRunner) and not runner.use_graphs
+        assert runner.capture_all(filtering=True) == 0
+        sp = RequestParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        assert len(_submit(runner, [[5, 6, 7]], [sp])[0].output_ids) == 4
+        info = runner.info()
+        assert info["graphs_captured"] == 0 and info["graphs_at_start"] == 0
+        assert info["capture_s"] == 0.0
+    finally:
+        runner.shutdown()
+    with pytest.raises(ConfigError, match="capture_graphs"):
+        _runner(tiny_model, capture_graphs="sometimes")
 
 
 @torch.inference_mode()
