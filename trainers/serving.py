@@ -266,6 +266,7 @@ class Fleet:
                     extra_args=[
                         *("--device", device, "--engine", c.engine),
                         *("--kv-cache-gb", str(c.kv_cache_gb)),
+                        *("--capture-graphs", c.capture_graphs),
                     ],
                 )
             )
