@@ -11,8 +11,10 @@ EOS ignored, temperature 1, no top-k/top-p). Every path gets the same requests a
 timed over the whole batch (after one warm-up round of the same batch), counting only the
 output tokens each request asked for:
 
-    server-static    the embedded server, ``--engine static`` (slot cache, CUDA graphs), through
-                     ``InferenceClient`` (HTTP /generate, one call per request)
+    server-static    the embedded server, ``--engine static`` (slot cache, CUDA graphs, every
+                     decode graph captured at start), through ``InferenceClient`` (HTTP
+                     /generate, one call per request)
+    server-static-lazy  the same with ``--capture-graphs lazy`` (each graph on first use)
     server-dynamic   the same server with ``--engine dynamic`` (the engine before issue 20)
     hf-static        ``model.generate`` on the padded batch, static cache, compiled by
                      transformers, warmed (one call with the same shapes first); it runs every
@@ -75,7 +77,11 @@ def run_server(
 
     from agentrl.inference.launch import ServerProcess
 
-    extra = ["--device", args.device, "--engine", engine, "--max-seq-len", str(args.max_seq_len)]
+    extra = ["--device", args.device, "--max-seq-len", str(args.max_seq_len), "--log-level", "info"]
+    if engine == "static-lazy":
+        extra += ["--engine", "static", "--capture-graphs", "lazy"]
+    else:
+        extra += ["--engine", engine]
     cfg = ServerProcess.Config(
         model=model,
         dtype=args.dtype,
@@ -85,7 +91,9 @@ def run_server(
         extra_args=extra,
     )
     figures = {}
+    started = time.perf_counter()
     with ServerProcess(cfg) as server:
+        print(f"server-{engine} ready in {time.perf_counter() - started:.1f} s", flush=True)
         for c in levels:
             reqs = requests_mix(c, args.vocab)
             asyncio.run(_client_round(server.url, reqs))  # warm-up (captures graphs)
