@@ -18,6 +18,13 @@ Whole groups are kept (the first ``ceil(per_step / group_size)`` of the step), s
 can show a group side by side. A step file is written to a temporary name and renamed, so a
 viewer following a live run never reads half a file. Past ``max_total_mb`` the oldest step
 files are deleted (like ``checkpoint.keep_last``); the newest step is always kept.
+
+Screenshots (a GUI env's inline ``data:image/...`` URLs, in message image parts and in
+``report["screenshots"]``) have a cap of their own, ``max_image_mb`` per step file, so a run
+that keeps images does not push every earlier step out of ``max_total_mb``. Each trajectory's
+last image (where the agent ended) is kept first, then the earlier ones in order; an image past
+the cap becomes a text marker naming the setting, and the line's ``images_dropped`` counts
+them.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentrl.batch import TrainBatch
 from agentrl.errors import ConfigError
@@ -47,6 +55,9 @@ class TrajectoryLog:
         """Trajectories written per RL step (rounded up to whole groups; 0: none)."""
         max_total_mb: float = 256.0
         """Disk cap of the folder; past it the oldest step files are deleted."""
+        max_image_mb: float = 16.0
+        """Inline images (screenshots) kept per step file; past it they become text markers
+        (0: keep none)."""
 
         def validate(self) -> None:
             if self.per_step < 0:
@@ -57,6 +68,11 @@ class TrajectoryLog:
                 raise ConfigError(
                     f"trajectories.max_total_mb must be > 0, got {self.max_total_mb}; "
                     "try 256, or trajectories.per_step=0 to write none"
+                )
+            if not self.max_image_mb >= 0:
+                raise ConfigError(
+                    f"trajectories.max_image_mb must be >= 0 (0 keeps no screenshots), "
+                    f"got {self.max_image_mb}; try 16"
                 )
 
     def __init__(self, cfg: TrajectoryLog.Config, run_dir: str | Path) -> None:
@@ -70,7 +86,7 @@ class TrajectoryLog:
         size = max(1, len(groups[0].trajectories))
         keep = groups[: math.ceil(self.cfg.per_step / size)]
         rows = _rows_by_segment(batch)
-        lines = []
+        dicts = []
         for gi, g in enumerate(keep):
             for t in g.trajectories:
                 d = t.to_dict()
@@ -87,7 +103,16 @@ class TrajectoryLog:
                 }
                 if any(r.token_advantages is not None for r in segs):
                     d["token_advantages"] = [r.token_advantages for r in segs]
-                lines.append(json.dumps(d) + "\n")
+                dicts.append(d)
+        dropped = _cap_images(dicts, self.cfg.max_image_mb * 1e6)
+        if dropped:
+            logger.info(
+                "step %d: %d screenshot(s) written as markers (trajectories.max_image_mb=%g)",
+                step,
+                dropped,
+                self.cfg.max_image_mb,
+            )
+        lines = [json.dumps(d) + "\n" for d in dicts]
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"step_{step:06d}.jsonl"
         tmp = path.with_suffix(".tmp")
@@ -106,6 +131,59 @@ class TrajectoryLog:
             total -= f.stat().st_size
             f.unlink()
             logger.debug("trajectories.max_total_mb: removed %s", f)
+
+
+def _image_slots(d: dict[str, Any]) -> list[tuple[list[Any], int, bool]]:
+    """Where a trajectory line holds inline images, in conversation order: (the list, the
+    index in it, whether it is a message part) for every ``data:image/`` URL."""
+    found: list[tuple[list[Any], int, bool]] = []
+    # The lists are copied into the line first: they are the live trajectory's own.
+    for m in d.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            content = m["content"] = list(content)
+            for i, part in enumerate(content):
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    url = (part.get("image_url") or {}).get("url")
+                    if isinstance(url, str) and url.startswith("data:image/"):
+                        found.append((content, i, True))
+    report = d.get("report")
+    shots = report.get("screenshots") if isinstance(report, dict) else None
+    if isinstance(shots, list):
+        shots = list(shots)
+        d["report"] = {**report, "screenshots": shots}  # type: ignore[dict-item]
+        found += [
+            (shots, i, False)
+            for i, s in enumerate(shots)
+            if isinstance(s, str) and s.startswith("data:image/")
+        ]
+    return found
+
+
+def _cap_images(dicts: list[dict[str, Any]], cap_bytes: float) -> int:
+    """Replace the inline images past ``cap_bytes`` (for the whole step) with text markers:
+    each trajectory's last image first, then the rest in order. Returns how many were
+    replaced; each line with any gets ``images_dropped``."""
+    slots = [_image_slots(d) for d in dicts]
+    order = [(t, len(s) - 1) for t, s in enumerate(slots) if s]
+    order += [(t, i) for t, s in enumerate(slots) for i in range(len(s) - 1)]
+    used, dropped = 0.0, [0] * len(dicts)
+    for t, i in order:
+        holder, k, is_part = slots[t][i]
+        url = holder[k]["image_url"]["url"] if is_part else holder[k]
+        if used + len(url) <= cap_bytes:
+            used += len(url)
+            continue
+        marker = (
+            f"[screenshot not kept: trajectories.max_image_mb reached in this step "
+            f"({len(url) * 3 // 4 // 1024} KB)]"
+        )
+        holder[k] = {"type": "text", "text": marker} if is_part else marker
+        dropped[t] += 1
+    for d, n in zip(dicts, dropped, strict=True):
+        if n:
+            d["images_dropped"] = n
+    return sum(dropped)
 
 
 @dataclass(frozen=True, slots=True)

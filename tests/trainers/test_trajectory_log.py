@@ -11,7 +11,7 @@ import pytest
 from agentrl.batch import TrainBatch
 from agentrl.errors import ConfigError
 from agentrl.rollout.io import load_trajectories
-from agentrl.types import TrajectoryGroup
+from agentrl.types import Message, TrajectoryGroup
 from tests.viewer.runs import trajectory
 from trainers.config import load_run_config
 from trainers.trajectory_log import TrajectoryLog
@@ -77,6 +77,10 @@ def test_config_keys_are_validated() -> None:
         load_run_config(
             None, ["data.envs=[{id: arith/Calculator-v0}]", "trajectories.max_total_mb=0"]
         )
+    with pytest.raises(ConfigError, match=r"trajectories\.max_image_mb"):
+        load_run_config(
+            None, ["data.envs=[{id: arith/Calculator-v0}]", "trajectories.max_image_mb=-1"]
+        )
 
 
 def test_token_level_advantages_are_written_per_token(tmp_path: Path) -> None:
@@ -89,3 +93,47 @@ def test_token_level_advantages_are_written_per_token(tmp_path: Path) -> None:
     seg, token_adv = r["segments"][0], r["token_advantages"][0]
     assert len(token_adv) == len(seg["token_ids"]) and r["advantages"] == [2.0]
     assert token_adv[1:] == [2.0 * m for m in seg["loss_mask"][1:]]  # position 0: never a loss
+
+
+def _png_url(n: int, fill: str) -> str:
+    return "data:image/png;base64," + fill * n
+
+
+def test_screenshots_past_max_image_mb_become_markers_last_image_first(tmp_path: Path) -> None:
+    gs = groups(1)
+    first, second = gs[0].trajectories
+    # Three screenshots in the first trajectory's conversation and one in each report.
+    shots = [_png_url(40_000, c) for c in "ABC"]
+    for i, url in enumerate(shots):
+        first.messages.append(
+            Message(
+                role="user",
+                content=[
+                    {"type": "text", "text": f"page {i}"},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            )
+        )
+    first.report["screenshots"] = [_png_url(40_000, "D")]
+    second.report["screenshots"] = [_png_url(40_000, "E")]
+    kept_live = [m.content for m in first.messages]
+    cfg = TrajectoryLog.Config(max_image_mb=0.125)  # room for three of the five images
+    path = TrajectoryLog(cfg, tmp_path).write(1, gs, scored_batch(gs))
+    assert path is not None
+    a, b = (json.loads(line) for line in path.read_text().splitlines())
+    parts = [p for m in a["messages"] if isinstance(m["content"], list) for p in m["content"]]
+    images = [p["image_url"]["url"][22] for p in parts if p["type"] == "image_url"]
+    markers = [p["text"] for p in parts if "max_image_mb" in p.get("text", "")]
+    # Each trajectory's last image is kept first (A's report shot D, B's E), then in order: A.
+    assert images == ["A"]
+    assert a["report"]["screenshots"][0][22] == "D" and b["report"]["screenshots"][0][22] == "E"
+    assert len(markers) == 2 and "KB" in markers[0]
+    assert (a["images_dropped"], "images_dropped" in b) == (2, False)
+    # The live trajectory is untouched (the trainer and other writers still hold it).
+    assert [m.content for m in first.messages] == kept_live
+    assert first.messages[-1].content[1]["image_url"]["url"] == shots[-1]
+    assert len(load_trajectories(path)) == 2
+    none = TrajectoryLog(TrajectoryLog.Config(max_image_mb=0), tmp_path).write(
+        2, gs, scored_batch(gs)
+    )
+    assert none is not None and "data:image/" not in none.read_text()
