@@ -29,7 +29,6 @@ between steps, and the forward reads the model's own parameters, so the next ste
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -37,84 +36,20 @@ from typing import Any
 import torch
 
 from agentrl.errors import ConfigError
+from agentrl.inference.buckets import (
+    CAPTURE_MODES,
+    bucket_steps,
+    cache_shape,
+    decode_buckets,
+    graph_key,
+)
 from agentrl.inference.decoder import Decoder, SlotCache, check_supported
 from agentrl.inference.device_sampling import sample_on_device
 from agentrl.inference.runner import ModelRunner, RunnerRequest
 
 logger = logging.getLogger(__name__)
-MIN_KEY_BUCKET = 64
 MIN_REUSE = 16
 """Shortest shared prompt prefix worth copying from a running request's slot."""
-CAPTURE_MODES = ("eager", "lazy", "all")
-"""``capture_graphs``: eager captures every (rows, length) bucket's decode graph at start (for
-sampling without top-k/top-p; the filtering variants on first use), all also the filtering
-variants, lazy each graph on first use."""
-DEFAULT_MAX_LEN = 8192
-"""Tokens per slot unless ``max_seq_len`` says otherwise (a longer prompt gets a 400)."""
-
-
-def cache_shape(cfg: ModelRunner.Config, model: Any, dtype: torch.dtype) -> tuple[int, int]:
-    """(slots, max_len) for a config: ``max_len`` = ``max_seq_len`` (default: the model's
-    context, at most ``DEFAULT_MAX_LEN``); as many slots (up to ``max_batch_size``) as
-    ``kv_cache_gb`` holds."""
-    context = int(getattr(model.config, "max_position_embeddings", 0) or DEFAULT_MAX_LEN)
-    max_len = min(cfg.max_seq_len or DEFAULT_MAX_LEN, context)
-    per_token = SlotCache.bytes_per_token(model, dtype)
-    budget = cfg.kv_cache_gb * 2**30 if cfg.kv_cache_gb > 0 else _default_budget(cfg.device)
-    slots = min(cfg.max_batch_size, int(budget // (per_token * max_len)))
-    if slots < 1:
-        need = per_token * max_len / 2**30
-        raise ConfigError(
-            f"kv_cache_gb={budget / 2**30:.2f} does not hold one request of {max_len} tokens "
-            f"({need:.2f} GiB); raise --kv-cache-gb or lower --max-seq-len."
-        )
-    return slots, max_len
-
-
-def _default_budget(device: str) -> float:
-    if device.startswith("cuda"):
-        free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return 0.6 * free
-    return 0.25 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _bucket(n: int, cap: int, floor: int = 1) -> int:
-    """The smallest power of two >= n (and >= floor), at most cap."""
-    b = floor
-    while b < n:
-        b *= 2
-    return min(b, cap)
-
-
-def _key_bucket(n: int, cap: int) -> int:
-    """Attended length for ``n`` positions: the smallest of 64, 96, 128, 192, 256, 384, ...
-    (two buckets per doubling) that is >= n, at most cap. Attention reads every position of
-    the bucket for every row, so finer buckets than powers of two save bytes on long tails."""
-    b = MIN_KEY_BUCKET
-    while b < n:
-        b = b * 3 // 2 if b & (b - 1) == 0 else b // 3 * 4
-    return min(b, cap)
-
-
-def graph_key(rows: int, key_len: int, slots: int, max_len: int) -> tuple[int, int]:
-    """The (rows bucket, attended-length bucket) of a decode step over ``rows`` running
-    requests attending ``key_len`` positions, in a cache of ``slots`` x ``max_len``."""
-    return _bucket(rows, slots), _key_bucket(key_len, max_len)
-
-
-def decode_buckets(slots: int, max_len: int) -> list[tuple[int, int]]:
-    """Every (rows bucket, attended-length bucket) ``graph_key`` can give for this cache:
-    the graphs a server captures up front with ``capture_graphs`` eager."""
-    return [(r, k) for r in _steps(_bucket, slots) for k in _steps(_key_bucket, max_len)]
-
-
-def _steps(bucket: Any, cap: int) -> list[int]:
-    """The values of ``bucket(n, cap)`` for n = 1 .. cap, in order (each bucket's successor
-    is the bucket of one more than it)."""
-    out = [bucket(1, cap)]
-    while out[-1] < cap:
-        out.append(bucket(out[-1] + 1, cap))
-    return out
 
 
 class StaticRunner(ModelRunner):
@@ -466,9 +401,9 @@ class StaticRunner(ModelRunner):
         logger.info(
             "capturing %d decode graphs (%d row buckets up to %d, %d length buckets up to %d%s)",
             len(todo),
-            len(_steps(_bucket, self.cache.slots)),
+            len(bucket_steps(self.cache.slots)),
             self.cache.slots,
-            len(_steps(_key_bucket, self.cache.max_len)),
+            len(bucket_steps(self.cache.max_len, length=True)),
             self.cache.max_len,
             ", with and without top-k/top-p" if filtering else "",
         )

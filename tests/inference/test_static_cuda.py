@@ -14,8 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from agentrl.inference.buckets import decode_buckets
 from agentrl.inference.runner import ModelRunner, RequestParams, RunnerRequest, RunnerResult
-from agentrl.inference.static_runner import StaticRunner, decode_buckets
+from agentrl.inference.static_runner import StaticRunner
 from agentrl.inference.weights import apply_named_tensors
 from agentrl.tiny import make_tiny_model
 
