@@ -6,6 +6,9 @@
     reasoning/LegCounting-v0      "how many legs ... 3 cats, 2 spiders?"
     arith/Calculator-v0           a 2-digit multiplication done with the calculator tool
     arith/Countdown-v0            reach a target from 3 numbers, checked with the calculator
+    bench/LongTail-v0             the calculator task as a slow job: k calls of latency_s each,
+                                  both drawn per task from long-tailed (lognormal) distributions
+                                  (benchmarks/async_rl.py --workload longtail)
     games/GuessNumber-v0          find a number in 1..16 from higher/lower replies
     games/GridWorld-v0            walk to G on a 3x3 text grid with up/down/left/right
     gui/Browser-v0                operate a task website (log in, search, fill a form) in headless
@@ -68,6 +71,12 @@ register_env(
     "arith/Countdown-v0",
     "envs.countdown:CountdownEnv",
     description="Reach a target from 3 numbers; verify the expression with the calculator tool.",
+)
+register_env(
+    "bench/LongTail-v0",
+    "envs.longtail:LongTailEnv",
+    description="Compute with a slow calculator job: the tool calls a task needs and each call's "
+    "wait are drawn per task (lognormal, seeded); for benchmarking asynchronous training.",
 )
 register_env(
     "games/GuessNumber-v0",
