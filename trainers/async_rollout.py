@@ -7,6 +7,8 @@
         next_batch(s)      wait for step s's groups (every admitted rollout progresses meanwhile)
         overlap(fn)        the trainer's work in a thread while the loop keeps generating
         after_sync()       the version moved: admit what it now allows
+        drain(timeout_s)   Ctrl-C: admit nothing more; next_batch of an admitted step waits
+                           until the deadline, then raises DrainTimeout
     staleness_metrics(batch versions, loss mask, policy version, bound) -> async/staleness_*
 
 Step s trains with the weights of version s-1 and syncs version s. A batch admitted at version v
@@ -20,7 +22,9 @@ slowest group of its own batch while later admitted batches keep generating. Tak
 completion order would let a long-tail group outlive the bound (it would then have to be
 dropped or trained too stale); fixed batches also make ``max_staleness=0`` exactly ``sync``
 and a resume exact in which samples are trained. Checkpoints hold no buffer: a resumed run
-re-admits the batches that were in flight (data cursor = first untrained sample).
+re-admits the batches that were in flight (data cursor = first untrained sample). On Ctrl-C
+the driver drains: the admitted batches finish and are trained, so the checkpoint after them
+has nothing in flight to lose.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ from agentrl.types import Sample, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class DrainTimeout(TrainingError):
+    """A drained batch did not finish before ``train.drain_timeout_s``."""
 
 
 class Collect(Protocol):
@@ -97,11 +105,12 @@ class AsyncRollouts:
         self._idle_since: float | None = time.perf_counter()
         self._idle_s = 0.0
         self._closed = False
+        self._drain_deadline: float | None = None  # set by drain(): Ctrl-C
 
     # ------------------------------------------------------------------ admission
     def admissible(self, step: int) -> bool:
         """May step ``step``'s batch start now? Admission control, the only staleness guard."""
-        if self._closed or step > self.last_step:
+        if self._closed or self._drain_deadline is not None or step > self.last_step:
             return False
         if self._version() < step - 1 - self.bound:
             return False
@@ -137,18 +146,53 @@ class AsyncRollouts:
         if self._in_flight == 0:
             self._idle_since = time.perf_counter()
 
+    # ------------------------------------------------------------------ Ctrl-C
+    def drain(self, timeout_s: float) -> None:
+        """Admit nothing more; the admitted batches may finish within ``timeout_s``."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + timeout_s
+
+    @property
+    def draining(self) -> bool:
+        return self._drain_deadline is not None
+
+    def admitted(self) -> list[int]:
+        """The steps whose batches were admitted and not yet taken (in step order)."""
+        return sorted(self._tasks)
+
+    @property
+    def in_flight_groups(self) -> int:
+        return self._in_flight
+
+    async def _wait(self, step: int, task: asyncio.Task[list[TrajectoryGroup]]) -> None:
+        """Until ``task`` is done; past the drain deadline (once drain() was called), raise."""
+        while not task.done():
+            deadline = self._drain_deadline
+            if deadline is None:
+                await asyncio.wait({task}, timeout=0.5)  # drain() may come from a signal
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DrainTimeout(
+                    f"step {step}'s rollouts did not finish within train.drain_timeout_s "
+                    f"({self._in_flight} groups still in flight)"
+                )
+            await asyncio.wait({task}, timeout=min(left, 0.5))
+
     # ------------------------------------------------------------------ the trainer's side
     def next_batch(self, step: int) -> tuple[list[TrajectoryGroup], dict[str, float]]:
         """Step ``step``'s groups (sample order) and the buffer's metrics when they were taken."""
         self.admit()
-        task = self._tasks.pop(step, None)
+        task = self._tasks.get(step)
         if task is None:
             raise TrainingError(
                 f"step {step}'s rollouts were never admitted (weight version {self._version()}, "
                 f"{self.mode}, bound {self.bound}); the driver must sync once per step"
             )
         t0 = time.perf_counter()
-        groups = self.loop.run_until_complete(task)
+        self.loop.run_until_complete(self._wait(step, task))  # interrupted: close() cancels
+        del self._tasks[step]
+        groups = task.result()
         wait_s = time.perf_counter() - t0
         self._finished -= len(groups)
         idle = self._idle_s + (

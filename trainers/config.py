@@ -260,6 +260,11 @@ class TrainConfig:
     """mode=async only (required there): how many weight versions older than the trained
     policy any trained token may be; admission control holds back rollouts that could exceed
     it. 0 is sync."""
+    drain_timeout_s: float = 300.0
+    """mode one_step_off/async: on Ctrl-C (SIGINT) no new rollout starts, and the batches
+    already admitted finish generating for at most this long and are trained (a checkpoint
+    follows); what is still in flight then is cancelled and re-admitted on resume. A second
+    Ctrl-C cancels at once; 0 cancels on the first (docs/guides/async.md)."""
 
 
 @dataclass(kw_only=True)

@@ -23,7 +23,9 @@ run's RNG; the engines own model/optimizer/scheduler state; a checkpoint holds b
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import replace
@@ -54,7 +56,12 @@ from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress, read_j
 from agentrl.metrics_schema import StepCounts, step_metrics
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.types import TrajectoryGroup
-from trainers.async_rollout import AsyncRollouts, staleness_bound, staleness_metrics
+from trainers.async_rollout import (
+    AsyncRollouts,
+    DrainTimeout,
+    staleness_bound,
+    staleness_metrics,
+)
 from trainers.checkpoint import (
     CheckpointManager,
     TrainerState,
@@ -106,6 +113,9 @@ class Trainer:
         self.bound = staleness_bound(cfg.train.mode, cfg.train.max_staleness)
         self.metrics_log: MetricsLogger | None = None
         self.trajectory_log = TrajectoryLog(cfg.trajectories, self.run_dir)
+        self._interrupted = False  # Ctrl-C in an overlapped mode: draining
+        self._drained: list[int] = []  # the steps trained while draining
+        self._prev_sigint: Any = None
 
     # ------------------------------------------------------------------ the whole run
     def run(self) -> dict[str, Any]:
@@ -117,11 +127,21 @@ class Trainer:
             # a terminal has the console's per-step tables; logs get a line per tenth with an ETA
             with progress("RL steps", todo, enabled=not sys.stderr.isatty()) as advance:
                 while self.step_done < self.cfg.train.steps:
-                    self.step()
+                    if self._interrupted and not self._drainable():
+                        break
+                    try:
+                        self.step()
+                    except DrainTimeout as e:
+                        logger.warning("Ctrl-C: %s; cancelling them (re-admitted on resume)", e)
+                        break
                     advance()
+            self._restore_sigint()
+            if self._interrupted:
+                self._stop_drained()
             after = self.evaluate_once("after", step=self.step_done)
             return self.finish(before, after, time.perf_counter() - t0)
         except (KeyboardInterrupt, SystemExit):
+            self._restore_sigint()
             logger.warning(
                 "stopped after %d of %d RL steps; %s",
                 self.step_done,
@@ -131,6 +151,62 @@ class Trainer:
             raise
         finally:
             self.close()
+
+    # ------------------------------------------------------------------ Ctrl-C: drain
+    def _drain_on_sigint(self) -> None:
+        """Overlapped modes: the first Ctrl-C drains (no new rollout; the admitted batches
+        finish within ``train.drain_timeout_s`` and are trained, then a checkpoint), the
+        second cancels at once. The handler only sets flags: whatever the driver is doing
+        (an update, a trajectory log, a checkpoint) finishes whole."""
+        timeout_s = self.cfg.train.drain_timeout_s
+        if timeout_s <= 0 or threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, frame: object) -> None:
+            if self._interrupted or self.rollouts is None:
+                self._restore_sigint()
+                logger.warning("Ctrl-C again: cancelling the in-flight rollouts")
+                raise KeyboardInterrupt
+            self._interrupted = True
+            steps = self.rollouts.admitted()
+            self.rollouts.drain(timeout_s)
+            logger.warning(
+                "Ctrl-C: no new rollouts; waiting up to %.0f s (train.drain_timeout_s) for %d "
+                "in-flight groups of %d admitted batches (steps %s), which are then trained and "
+                "checkpointed; Ctrl-C again cancels them now",
+                timeout_s,
+                self.rollouts.in_flight_groups,
+                len(steps),
+                ", ".join(map(str, steps)) or "none",
+            )
+
+        self._prev_sigint = signal.signal(signal.SIGINT, handler)
+
+    def _restore_sigint(self) -> None:
+        if self._prev_sigint is not None:
+            signal.signal(signal.SIGINT, self._prev_sigint)
+            self._prev_sigint = None
+
+    def _drainable(self) -> bool:
+        """Is the next step's batch admitted (so draining trains it)?"""
+        return self.rollouts is not None and self.step_done + 1 in self.rollouts.admitted()
+
+    def _stop_drained(self) -> None:
+        """After a drain: checkpoint the last trained step (unless saved), say so, exit 130."""
+        if self.step_done and self.ckpt.latest() != self.ckpt.path_for(self.step_done):
+            self.save_checkpoint()
+        first = self._drained[0] if self._drained else None
+        logger.warning(
+            "Ctrl-C: drained; %s. Checkpoint %s holds step %d (data cursor %d); "
+            "nothing in flight was lost",
+            f"trained steps {first}..{self._drained[-1]} after it"
+            if first is not None
+            else "no admitted batch was left to train",
+            self.ckpt.latest(),
+            self.step_done,
+            self.cursor,
+        )
+        raise SystemExit(128 + signal.SIGINT)
 
     def resume_hint(self) -> str:
         """How to continue this run from its latest checkpoint."""
@@ -160,6 +236,7 @@ class Trainer:
             self._restore(state)
         if cfg.train.mode != "sync":
             self.rollouts = self._async_rollouts()
+            self._drain_on_sigint()
         self.metrics_log = MetricsLogger(
             cfg.logging, self.run_dir, name=cfg.name, run_config=to_dict(cfg)
         )
@@ -200,6 +277,8 @@ class Trainer:
         metrics["train/data_cursor"] = float(self.cursor)
         assert self.metrics_log is not None
         self.metrics_log.log(metrics, step)  # before the checkpoint: a resumed run has every row
+        if self._interrupted:
+            self._drained.append(step)
         if self.ckpt.should_save(step, cfg.train.steps):
             self.save_checkpoint()
         if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:

@@ -23,7 +23,12 @@ from agentrl.inference.protocol import Completion, SamplingParams
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.tiny import make_tiny_model
 from agentrl.types import Sample, Segment, Trajectory, TrajectoryGroup
-from trainers.async_rollout import AsyncRollouts, staleness_bound, staleness_metrics
+from trainers.async_rollout import (
+    AsyncRollouts,
+    DrainTimeout,
+    staleness_bound,
+    staleness_metrics,
+)
 from trainers.config import load_run_config
 from trainers.serving import SeededCollector, SeededGenerator
 
@@ -181,6 +186,38 @@ def test_close_cancels_in_flight_batches() -> None:
     loop.run_until_complete(asyncio.sleep(0.01))
     rollouts.close()
     assert not rollouts.admissible(1)
+    assert not [t for t in asyncio.all_tasks(loop) if not t.done()]
+    loop.close()
+
+
+def test_drain_admits_nothing_more_and_finishes_the_admitted_batches() -> None:
+    """Ctrl-C's drain: the admitted batches (steps 1-3 at bound 2) finish and are taken whole;
+    no later batch is admitted, even once the version would allow it."""
+    sim, loop = _Sim(gen_s=0.05), asyncio.new_event_loop()
+    try:
+        rollouts = _producer(sim, loop, "async", 2)
+        rollouts.admit()
+        assert rollouts.admitted() == [1, 2, 3]
+        rollouts.drain(timeout_s=30)
+        trained = _train(sim, rollouts, steps=3, train_s=0.01)
+        assert trained == [[f"train-{i}" for i in range(3 * s, 3 * s + 3)] for s in range(3)]
+        assert rollouts.admitted() == [] and not rollouts.admissible(4)
+        assert sorted(i for i, _ in sim.started) == list(range(9))
+    finally:
+        rollouts.close()
+        loop.close()
+
+
+def test_drain_past_its_timeout_raises_and_close_cancels_the_rest() -> None:
+    sim, loop = _Sim(gen_s=2.0), asyncio.new_event_loop()
+    rollouts = _producer(sim, loop, "async", 1)
+    rollouts.admit()
+    loop.run_until_complete(asyncio.sleep(0.01))
+    rollouts.drain(timeout_s=0.2)
+    with pytest.raises(DrainTimeout, match="drain_timeout_s"):
+        rollouts.next_batch(1)
+    assert rollouts.admitted() == [1, 2]  # still held, so close() cancels them
+    rollouts.close()
     assert not [t for t in asyncio.all_tasks(loop) if not t.done()]
     loop.close()
 

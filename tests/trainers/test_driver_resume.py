@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,10 +32,8 @@ def _kill_run(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
             os.kill(int(s["pid"]), signal.SIGKILL)
 
 
-def _train_until_killed(tmp_path: Path, name: str, *extra: str) -> Path:
-    """``agentrl train`` in its own process (and its own Ray), as a user would run it, SIGKILLed
-    once its step-1 checkpoint is written; the run dir."""
-    cmd = [
+def _train_cmd(tmp_path: Path, name: str, *extra: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "trainers.cli",
@@ -46,6 +45,12 @@ def _train_until_killed(tmp_path: Path, name: str, *extra: str) -> Path:
         f"output_dir={tmp_path}",
         f"name={name}",
     ]
+
+
+def _train_until_killed(tmp_path: Path, name: str, *extra: str) -> Path:
+    """``agentrl train`` in its own process (and its own Ray), as a user would run it, SIGKILLed
+    once its step-1 checkpoint is written; the run dir."""
+    cmd = _train_cmd(tmp_path, name, *extra)
     log_path = tmp_path / f"{name}.log"
     run_dir = tmp_path / name
     with log_path.open("wb") as log:
@@ -88,8 +93,8 @@ def _trained_samples(run_dir: Path) -> dict[int, list[str]]:
     all here: trajectories.per_step is above the batch)."""
     out = {}
     for path in sorted((run_dir / "trajectories").glob("step_*.jsonl")):
-        rows = read_jsonl(path)
-        out[rows[0]["step"]] = sorted(r["sample"]["uid"] for r in rows)
+        rows = [json.loads(line) for line in path.read_text().splitlines()]  # not read_jsonl:
+        out[rows[0]["step"]] = sorted(r["sample"]["uid"] for r in rows)  # it merges a step's rows
     return out
 
 
@@ -120,6 +125,67 @@ def test_async_run_killed_with_batches_in_flight_trains_every_sample_once(
     assert all(r["async/staleness_max"] <= 2 for r in rows)
     trained, straight = _trained_samples(killed_dir), _trained_samples(tmp_path / "straight")
     assert sorted(trained) == [1, 2, 3]
+    assert trained == straight
+    uids = [set(step) for step in trained.values()]
+    assert sum(len(u) for u in uids) == len(set().union(*uids))  # no sample in two steps
+
+
+@pytest.mark.slow
+def test_async_run_interrupted_by_ctrl_c_drains_then_resumes_every_sample_once(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C (SIGINT) in train.mode=async while step 1 writes its trajectory log and step 2's
+    batch generates: no new batch is admitted, the admitted ones finish and are trained, a
+    checkpoint of the last of them is written (checkpoint.every=0 would not have), and the run
+    exits 130 with a message. Every trajectory log line is whole; the resumed run then trains,
+    step by step, exactly the samples an uninterrupted sync run trains."""
+    import ray
+
+    from agentrl.distributed import init_ray_local
+
+    steps = ["train.steps=5", "checkpoint.every=0", "eval.num_samples=0"]
+    logged = "trajectories.per_step=64"
+    mode = ["train.mode=async", "train.max_staleness=1", logged]
+    run_dir = tmp_path / "interrupted"
+    log_path = tmp_path / "interrupted.log"
+    cmd = _train_cmd(tmp_path, "interrupted", *steps, *mode)
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 480
+            while not (run_dir / "trajectories" / "step_000001.jsonl").exists():
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no step 1 after 8 minutes"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(300)
+        finally:
+            if proc.poll() is None:
+                _kill_run(run_dir, proc)
+    text = log_path.read_text()
+    assert code == 128 + signal.SIGINT, text[-3000:]
+    assert "Ctrl-C: no new rollouts; waiting up to 300 s" in text, text[-3000:]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    last = rows[-1]["step"]
+    assert re.search(rf"Ctrl-C: drained; trained steps [12]\.\.{last} after it", text), text[-3000:]
+    assert [r["step"] for r in rows] == list(range(1, last + 1))
+    assert 2 <= last < 5  # the admitted batches were trained, nothing new was admitted
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert ckpts == [f"step_{last:06d}"]  # written by the drain, nothing half-saved
+    for path in (run_dir / "trajectories").glob("*.jsonl"):  # every line whole JSON
+        assert all(json.loads(line) for line in path.read_text().splitlines())
+
+    init_ray_local(num_cpus=2)
+    try:
+        Trainer(smoke_config(tmp_path, *steps, *mode, "name=interrupted"), resume=True).run()
+        Trainer(smoke_config(tmp_path, *steps, logged, "name=straight")).run()
+    finally:
+        ray.shutdown()
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    trained, straight = _trained_samples(run_dir), _trained_samples(tmp_path / "straight")
+    assert sorted(trained) == [1, 2, 3, 4, 5]
     assert trained == straight
     uids = [set(step) for step in trained.values()]
     assert sum(len(u) for u in uids) == len(set().union(*uids))  # no sample in two steps
