@@ -428,12 +428,14 @@ class Fleet:
         return self.client, self.weight_sync, self.supervisor
 
     def metrics(self) -> dict[str, float]:
-        """``inference/server_restarts`` and friends (zeros before start)."""
+        """``inference/server_restarts`` and friends (zeros before start);
+        ``inference/request_failovers``: requests retried on another server (run total)."""
         if self.supervisor is None:
             return {}
         return {
             **self.supervisor.metrics(),
             "inference/servers_routable": float(len(self.client.urls) if self.client else 0),
+            "inference/request_failovers": float(self.client.failovers if self.client else 0),
         }
 
     def wait_for_servers(self, timeout_s: float = 600.0) -> None:

@@ -136,6 +136,8 @@ class InferenceClient:
         self._drained: set[str] = set()
         self.admissions = 0
         """How many times a drained server was put back (``admit``)."""
+        self.failovers = 0
+        """How many requests failed on a server and were retried on another."""
         limits = httpx2.Limits(
             max_connections=self.cfg.max_connections,
             max_keepalive_connections=self.cfg.max_connections,
@@ -372,6 +374,7 @@ class InferenceClient:
                 f"all {len(self._servers)} inference servers failed; last: {failed.url}: {problem}. "
                 "Check that the servers are running (GET /health) and reachable."
             )
+        self.failovers += 1
         now = time.monotonic()
         nxt = min(left, key=lambda s: (s.down_until > now, s.inflight))
         if session_id is not None:
