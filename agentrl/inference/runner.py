@@ -133,6 +133,10 @@ class ModelRunner:
         (before the server answers; the top-k/top-p variants on first use); all: their
         top-k/top-p variants too; lazy: each graph on first use (100-300 ms in the middle of
         traffic). A no-op on CPU."""
+        prefix_pool: bool = True
+        """static: keep a finished request's KV in a free slot until the slot is needed, so a
+        request that starts with its tokens (the next turn of a conversation) copies it
+        instead of prefilling it again (``prefix_pool.py``)."""
 
     def __init__(self, cfg: ModelRunner.Config) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -327,6 +327,8 @@ METRICS = {
     "queue_length": "requests waiting for a slot",
     "kv_use": "fraction of the KV cache's token positions in use (static engine)",
     "prefix_hit_rate": "prompt tokens served from the prefix cache / prompt tokens",
+    "pool_hit_rate": "prompt tokens copied from finished requests' parked KV / prompt tokens",
+    "pool_entries": "finished requests' KV parked in free slots (static engine)",
     "tokens_per_s": "generated tokens per second since the server started",
     "tokens_generated": "generated tokens",
     "requests_finished": "finished requests",
@@ -395,6 +397,11 @@ def main(argv: list[str] | None = None) -> None:
         "answers (eager: sampling without top-k/top-p; all: with too), or each on first use "
         "(lazy); no-op on CPU",
     )
+    p.add_argument(
+        "--no-prefix-pool",
+        action="store_true",
+        help="static: do not keep finished requests' KV in free slots for the next turn",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=0)
     p.add_argument("--served-model-name", default=None)
@@ -461,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
             kv_cache_gb=a.kv_cache_gb,
             cuda_graphs=not a.no_cuda_graphs,
             capture_graphs=a.capture_graphs,
+            prefix_pool=not a.no_prefix_pool,
         )
     )
     engine.start()

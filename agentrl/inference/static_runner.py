@@ -45,6 +45,7 @@ from agentrl.inference.buckets import (
 )
 from agentrl.inference.decoder import Decoder, SlotCache, check_supported
 from agentrl.inference.device_sampling import sample_on_device
+from agentrl.inference.prefix_pool import PrefixPool, common_prefix
 from agentrl.inference.runner import ModelRunner, RunnerRequest
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class StaticRunner(ModelRunner):
         self._temp = torch.ones(n, dtype=torch.float32, device=dev)
         self._top_p = torch.ones(n, dtype=torch.float32, device=dev)
         self._active = torch.zeros(n, dtype=torch.long, device=dev)  # 1: the slot runs
+        self.pool = PrefixPool()  # finished requests' KV parked in free slots
         self._filtering = False  # some running row filters (top-k/top-p)
         self._decode_s = 0.0  # wall time in decode steps (graph or forward, sampling, host)
         self._prefill_s = 0.0  # wall time in prefills
@@ -102,7 +104,12 @@ class StaticRunner(ModelRunner):
         with CUDA graphs; on CPU, where a step runs as it is launched, there is nothing to
         overlap (tests turn it on to check the bookkeeping)."""
         self.stats.update(
-            slots=slots, max_len=max_len, graphs_captured=0, prefix_hit_tokens=0, prompt_tokens=0
+            slots=slots,
+            max_len=max_len,
+            graphs_captured=0,
+            prefix_hit_tokens=0,
+            prompt_tokens=0,
+            pool_hit_tokens=0,
         )
         self._start_s = 0.0  # wall time of ``capture_all`` at start (graphs and prefill warm-up)
         self._start_graphs = 0
@@ -127,7 +134,7 @@ class StaticRunner(ModelRunner):
 
     def _remove_running(self, ids: set[int]) -> None:
         self._pending = None  # commands flush it first; this drops it only after a failure
-        self._free([i for i, r in enumerate(self.slots) if id(r) in ids])
+        self._free([i for i, r in enumerate(self.slots) if id(r) in ids], park=False)
 
     def info(self) -> dict[str, Any]:
         out = super().info()
@@ -138,6 +145,10 @@ class StaticRunner(ModelRunner):
             kv_use=used / (self.cache.slots * self.cache.max_len),
             engine="static",
             prefix_hit_rate=self.stats["prefix_hit_tokens"] / max(self.stats["prompt_tokens"], 1),
+            pool_hit_rate=self.stats["pool_hit_tokens"] / max(self.stats["prompt_tokens"], 1),
+            pool_entries=len(self.pool),
+            pool_parked=self.pool.parked,
+            pool_evicted=self.pool.evicted,
             decode_ms_per_step=1e3 * self._decode_s / max(self.stats["decode_steps"], 1),
             prefill_s=self._prefill_s,
             capture_s=self._capture_s,
@@ -154,6 +165,7 @@ class StaticRunner(ModelRunner):
             self._graphs.clear()
             self._weight_ptrs = self._param_ptrs()
         version = super().set_weight_version(version)
+        self.pool.clear()  # KV made by older weights is never reused
         for req in self._waiting:
             if req.output_ids:  # retracted: its next tokens come from these weights
                 req.version_marks.append((len(req.output_ids), version))
@@ -211,21 +223,33 @@ class StaticRunner(ModelRunner):
     ) -> list[int]:
         """Copy into each new request's slot the longest prompt prefix it shares with a
         donor; returns how many prompt tokens each skips (at least one is always computed)."""
-        starts, src, dst = [], [], []
+        starts, src, dst, pooled = [], [], [], 0
+        use_pool = self.cfg.prefix_pool
         for j, req in enumerate(reqs):
             best, donor = 0, -1
             for i in donors.get(tuple(req.input_ids[:MIN_REUSE]), [])[:4]:
-                shared = _common_prefix(req.input_ids, self.slots[i].input_ids)
+                shared = common_prefix(req.input_ids, self.slots[i].input_ids)
                 if shared > best:
                     best, donor = shared, i
+            slot, shared = self.pool.best(req.input_ids, self.weight_version)
+            from_pool = use_pool and not req.output_ids and shared > best
+            if from_pool:  # a finished request's tokens: the conversation's previous turn
+                best, donor = shared, slot
             best = min(best, len(req.input_ids) - 1)
             if best >= MIN_REUSE:
                 src.append(donor)
                 dst.append(first + j)
+                pooled += best if from_pool else 0
             starts.append(best if best >= MIN_REUSE else 0)
-        if src:
-            self.cache.move(src, dst, max(starts))
+        # parked entries in the slots about to be written move up, in the same copy
+        n = len(reqs)
+        free = list(range(first + n, self.cache.slots))
+        moved_src, moved_dst = self.pool.evacuate(first, first + n, free)
+        length = max([*starts, *(len(self.pool.entries[d].tokens) for d in moved_dst)], default=0)
+        if src or moved_src:
+            self.cache.move(src + moved_src, dst + moved_dst, length)
         self.stats["prefix_hit_tokens"] += sum(starts)
+        self.stats["pool_hit_tokens"] += pooled
         self.stats["prompt_tokens"] += sum(len(r.input_ids) for r in reqs)
         return starts
 
@@ -355,14 +379,14 @@ class StaticRunner(ModelRunner):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One decode step over slots [0, rows), sampling included, device state advanced:
         each running row's sampled token becomes its pending one. Rows past the running ones
-        (graph padding) are free slots: they write at position 0 of their own slot
-        (overwritten by the next prefill there) and stay at position 0."""
+        (graph padding) are free slots: they write at the last position of their own slot,
+        past any parked prefix (``prefix_pool.py``), and stay there."""
         logits = self.decoder.forward(
             self.cache, self._tok[:rows, None], self._pos[:rows, None], 0, key_len
         )
         tokens, logprobs, logp = self._sample(logits, slice(0, rows), filtering)
         self._tok[:rows] = tokens
-        self._pos[:rows] = (self._pos[:rows] + 1) * self._active[:rows]
+        self._pos[:rows] += self._active[:rows]
         self._draw[:rows] += 1
         return tokens, logprobs, logp
 
@@ -484,7 +508,10 @@ class StaticRunner(ModelRunner):
     def _sync_rows(self) -> None:
         """Rebuild the per-slot device state from the host's view of the running requests."""
         n = self.cache.slots
-        toks, pos, draw, seed = [0] * n, [0] * n, [0] * n, [0] * n
+        # a free slot (a graph's padding row) writes at the last position, where no parked
+        # prefix reaches (``_free`` keeps them shorter), and stays there
+        toks, draw, seed = [0] * n, [0] * n, [0] * n
+        pos = [self.cache.max_len - 1] * n
         top_k = [self.vocab_size] * n  # free slots too (see ``__init__``)
         active = [0] * n
         temp, top_p = [1.0] * n, [1.0] * n
@@ -550,18 +577,40 @@ class StaticRunner(ModelRunner):
         self.stats["tokens_generated"] += len(tokens) - len(skip)
         return done
 
-    def _free(self, rows: list[int]) -> None:
-        """Release slots ``rows``; move the last running rows into the holes."""
+    def _free(self, rows: list[int], park: bool = True) -> None:
+        """Release slots ``rows``; move the last running rows into the holes. With ``park``
+        (and ``prefix_pool``) the freed rows' KV is kept: a hole and its mover swap slots, so
+        every freed row's KV ends in the free region, where the pool records it."""
         if not rows:
             return
         gone = set(rows)
         keep_n = len(self.slots) - len(gone)
         holes = [i for i in sorted(gone) if i < keep_n]
         movers = [i for i in range(keep_n, len(self.slots)) if i not in gone]
+        park = park and self.cfg.prefix_pool
+        freed = {i: (self.slots[i], self.lens[i]) for i in gone}
+        where = {i: i for i in gone}  # freed row -> the slot its KV is in afterwards
         if movers:
-            self.cache.move(movers, holes, max(self.lens[i] for i in movers) + 1)
+            length = max(self.lens[i] for i in movers) + 1
+            if park:
+                length = max(length, *(self.lens[i] + 1 for i in holes))
+                self.cache.move(movers + holes, holes + movers, length)
+                where.update(zip(holes, movers, strict=True))
+            else:
+                self.cache.move(movers, holes, length)
+            self.pool.drop(holes)
             for src, dst in zip(movers, holes, strict=True):
                 self.slots[dst], self.lens[dst] = self.slots[src], self.lens[src]
+        if park:
+            for i, slot in where.items():
+                req, written = freed[i]
+                if req.start_version == self.weight_version and not req.version_marks:
+                    seq = req.input_ids + req.output_ids
+                    # graph padding rows write at the last position (``_sync_rows``): keep out
+                    n = min(written, len(seq), self.cache.max_len - 1)
+                    self.pool.park(slot, seq[:n], self.weight_version)
+                else:
+                    self.pool.drop([slot])
         del self.slots[keep_n:], self.lens[keep_n:]
         self._dirty = True
 
@@ -579,14 +628,6 @@ class _InFlight:
         if self.event is not None:
             self.event.synchronize()
         return self.tokens[: self.rows].tolist(), self.logprobs[: self.rows].tolist()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def build_runner(cfg: ModelRunner.Config) -> ModelRunner:

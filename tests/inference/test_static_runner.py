@@ -401,3 +401,73 @@ def test_retracted_request_prefills_again_under_the_new_weights(
         assert (torch.tensor(res.output_logprobs[k:]) - want).abs().max().item() <= 1e-5
     finally:
         runner.shutdown()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_next_turn_reuses_the_finished_turn_from_the_pool_and_matches_teacher_forcing(
+    tiny_model: Path, overlap: bool
+) -> None:
+    """Turn 2 repeats turn 1's prompt and answer: their KV comes from the slot turn 1 left
+    (parked in the pool), even after other requests churned through the free slots, and the
+    logprobs still equal a teacher-forced forward."""
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    runner = _runner(tiny_model, overlap=overlap, max_batch_size=4)
+    try:
+        assert isinstance(runner, StaticRunner)
+        sp = RequestParams(max_new_tokens=12, temperature=1.0, ignore_eos=True)
+        turn1 = list(range(30, 70))
+        # a longer request beside turn 1 moves into turn 1's slot when turn 1 finishes
+        longer = RequestParams(max_new_tokens=30, temperature=1.0, ignore_eos=True)
+        out1 = _submit(runner, [turn1, list(range(600, 640))], [sp, longer], "t1-")[0].output_ids
+        # other traffic through the 4 slots: its prefills land where turn 1 is parked (which
+        # then moves up to a free slot)
+        others = [list(range(200 + 40 * i, 230 + 40 * i)) for i in range(2)]
+        _submit(runner, others, [sp] * 2, "other")
+        turn2 = [*turn1, *out1, *range(500, 510)]
+        res = _submit(runner, [turn2], [sp], "t2-")[0]
+        want = _teacher_forced(ref, turn2, res.output_ids, 1.0)
+        assert (torch.tensor(res.output_logprobs) - want).abs().max().item() <= 1e-5
+        # turn 1's last token was sampled, never fed: its KV is the one position missing
+        assert runner.stats["pool_hit_tokens"] >= len(turn1) + len(out1) - 1
+        info = runner.info()
+        assert info["pool_hit_rate"] > 0 and info["pool_parked"] >= 4
+    finally:
+        runner.shutdown()
+
+
+def test_the_pool_is_dropped_when_the_weights_change(tiny_model: Path, tiny_model_b: Path) -> None:
+    model_b = AutoModelForCausalLM.from_pretrained(tiny_model_b, dtype=torch.float32).eval()
+    runner = _runner(tiny_model)
+    try:
+        assert isinstance(runner, StaticRunner)
+        sp = RequestParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+        turn1 = list(range(30, 70))
+        out1 = _submit(runner, [turn1], [sp], "t1-")[0].output_ids
+        assert len(runner.pool) == 1
+
+        def update() -> int:
+            apply_named_tensors(runner.model, dict(model_b.state_dict()))
+            return runner.set_weight_version(None)
+
+        runner.call(update).result(timeout=60)
+        assert len(runner.pool) == 0
+        turn2 = [*turn1, *out1, 5, 6, 7]
+        res = _submit(runner, [turn2], [sp], "t2-")[0]
+        assert runner.stats["pool_hit_tokens"] == 0
+        want = _teacher_forced(model_b, turn2, res.output_ids, 0.0)
+        assert (torch.tensor(res.output_logprobs) - want).abs().max().item() <= 1e-5
+    finally:
+        runner.shutdown()
+
+
+def test_prefix_pool_off_keeps_nothing(tiny_model: Path) -> None:
+    runner = _runner(tiny_model, prefix_pool=False)
+    try:
+        assert isinstance(runner, StaticRunner)
+        sp = RequestParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+        turn1 = list(range(30, 70))
+        out1 = _submit(runner, [turn1], [sp], "t1-")[0].output_ids
+        _submit(runner, [[*turn1, *out1, 5, 6]], [sp], "t2-")
+        assert len(runner.pool) == 0 and runner.stats["pool_hit_tokens"] == 0
+    finally:
+        runner.shutdown()
