@@ -15,7 +15,8 @@ IS correction, remax baselines), never a second loop. A ``reward.rubric`` rescor
 inside the collector. ``train.mode`` is a step too: ``sync`` collects the batch in
 ``collect``; ``one_step_off`` and ``async`` take it from ``AsyncRollouts``
 (trainers/async_rollout.py), which generates later batches while ``learn`` runs in a thread,
-and train with the decoupled PPO objective (docs/guides/async.md).
+and train with the decoupled PPO objective (docs/guides/async.md); there Ctrl-C drains: no new
+batch, the admitted ones are trained (``train.drain_timeout_s``), a checkpoint, exit 130.
 The driver owns the data cursor (which samples come next), the weight version and the
 run's RNG; the engines own model/optimizer/scheduler state; a checkpoint holds both.
 """
@@ -193,7 +194,10 @@ class Trainer:
 
     def _stop_drained(self) -> None:
         """After a drain: checkpoint the last trained step (unless saved), say so, exit 130."""
-        if self.step_done and self.ckpt.latest() != self.ckpt.path_for(self.step_done):
+        if not self.step_done:
+            logger.warning("Ctrl-C: stopped before any RL step was trained")
+            raise SystemExit(128 + signal.SIGINT)
+        if self.ckpt.latest() != self.ckpt.path_for(self.step_done):
             self.save_checkpoint()
         first = self._drained[0] if self._drained else None
         logger.warning(
