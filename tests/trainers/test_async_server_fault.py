@@ -1,14 +1,15 @@
 """An inference server SIGKILLed mid-rollout in ``train.mode=async`` with two servers.
 
 A real run (Ray workers, two embedded servers over HTTP, the tiny smoke model): one server's
-process is killed once the first answers came back, while the batches of steps 1-3 are all
-generating. The requests it held fail over to the other server (``inference/request_failovers``)
-or their trajectories end as ``error_inference`` (masked out of the loss, counted in
-``rollout/status/error_inference`` and kept in the trajectory log): none is dropped. The run
-trains every step on exactly its samples (none missing, none twice), the supervisor restarts
-the killed server, pushes it the current weights and routes to it again (``server ... rejoined``,
-``inference/server_restarts``), and the restarted process answers later rollouts. About a
-minute on 2 cores: ``slow``.
+process is killed while requests are in flight on it and admitted batches generate. Those
+requests fail over to the other server (``inference/request_failovers``); one request is then
+made to fail as when no server can take it (injected ``ServerUnavailableError``), and its
+trajectory ends as ``error_inference``: masked out of the loss, counted in
+``rollout/status/error_inference`` and kept in its group and the trajectory log. Nothing is
+dropped: every step trains exactly its samples (none missing, none twice). The supervisor
+restarts the killed server, pushes it the current weights and routes to it again (``server
+... rejoined``, ``inference/server_restarts``), and the restarted process answers later
+rollouts. 35-60 s on 2 cores: ``slow``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from agentrl.errors import ServerUnavailableError
 from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import Completion, SamplingParams
 from agentrl.logging import read_jsonl
@@ -51,23 +53,36 @@ RUN = [
 
 
 class _Killer:
-    """Passes requests to the Fleet's client; SIGKILLs ``victim`` after ``after`` answers and
-    records which server (and which of its processes) answered each request."""
+    """Passes requests to the Fleet's client and records which server (and which of its
+    processes) answered each. Once ``after`` answers came back, ``victim`` is SIGKILLed as soon
+    as a request is in flight on it; two answers later one request fails as when no server can
+    take it over (``ServerUnavailableError``), so one trajectory takes the masked path."""
 
     def __init__(self, inner: Any, victim: ServerProcess, after: int) -> None:
         self.inner, self.victim, self.after = inner, victim, after
         self.answers: list[tuple[str, int | None]] = []  # (server url, victim pid then)
         self.killed_pid: int | None = None
+        self.unavailable = False
+
+    def _victim_busy(self) -> bool:
+        return any(s.url == self.victim.url and s.inflight for s in self.inner._all)
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Completion:
-        out = await self.inner.generate(input_ids, sampling, session_id=session_id)
-        self.answers.append((out.server, self.victim.pid))
-        if len(self.answers) == self.after and self.killed_pid is None:
+        if self.killed_pid and not self.unavailable and len(self.answers) >= self.after + 2:
+            self.unavailable = True
+            raise ServerUnavailableError("injected: every inference server failed")
+        task = asyncio.ensure_future(
+            self.inner.generate(input_ids, sampling, session_id=session_id)
+        )
+        await asyncio.sleep(0)  # the request is on its server
+        if self.killed_pid is None and len(self.answers) >= self.after and self._victim_busy():
             self.killed_pid = self.victim.pid
             assert self.killed_pid is not None
             os.kill(self.killed_pid, signal.SIGKILL)
+        out = await task
+        self.answers.append((out.server, self.victim.pid))
         return out
 
 
@@ -129,12 +144,13 @@ def test_async_run_survives_a_server_killed_mid_rollout(
         failed = sum(st is RolloutStatus.ERROR_INFERENCE for st in statuses) / len(statuses)
         assert r["rollout/status/error_inference"] == pytest.approx(failed)
 
-    # The killed server's requests were retried elsewhere or its trajectories marked failed.
+    # The requests in flight on the killed server were retried on the other one; the request
+    # that found no server left its trajectory in its group as error_inference (masked).
     last = rows[-1]
-    assert (
-        last["inference/request_failovers"] + sum(r["rollout/status/error_inference"] for r in rows)
-        > 0
-    )
+    assert last["inference/request_failovers"] > 0
+    assert killer.unavailable
+    masked = sum(r["rollout/status/error_inference"] for r in rows) * batch * size
+    assert masked == pytest.approx(1.0)
     # Restarted on its port, rejoined with the current weights, routed to again.
     assert last["inference/server_restarts"] == 1.0
     assert last["inference/servers_routable"] == 2.0
