@@ -190,19 +190,25 @@ def test_close_cancels_in_flight_batches() -> None:
     loop.close()
 
 
-def test_drain_admits_nothing_more_and_finishes_the_admitted_batches() -> None:
-    """Ctrl-C's drain: the admitted batches (steps 1-3 at bound 2) finish and are taken whole;
-    no later batch is admitted, even once the version would allow it."""
+@pytest.mark.parametrize(("mode", "bound", "admitted"), [("async", 2, 3), ("one_step_off", 1, 1)])
+def test_drain_admits_nothing_more_and_finishes_the_admitted_batches(
+    mode: str, bound: int, admitted: int
+) -> None:
+    """Ctrl-C's drain: the admitted batches (async bound 2: steps 1-3; one_step_off: step 1)
+    finish and are taken whole; no later batch is admitted, even once the version (or, in
+    one_step_off, the previous batch finishing) would allow it."""
     sim, loop = _Sim(gen_s=0.05), asyncio.new_event_loop()
     try:
-        rollouts = _producer(sim, loop, "async", 2)
+        rollouts = _producer(sim, loop, mode, bound)
         rollouts.admit()
-        assert rollouts.admitted() == [1, 2, 3]
+        assert rollouts.admitted() == list(range(1, admitted + 1))
         rollouts.drain(timeout_s=30)
-        trained = _train(sim, rollouts, steps=3, train_s=0.01)
-        assert trained == [[f"train-{i}" for i in range(3 * s, 3 * s + 3)] for s in range(3)]
-        assert rollouts.admitted() == [] and not rollouts.admissible(4)
-        assert sorted(i for i, _ in sim.started) == list(range(9))
+        trained = _train(sim, rollouts, steps=admitted, train_s=0.01)
+        want = [[f"train-{i}" for i in range(3 * s, 3 * s + 3)] for s in range(admitted)]
+        assert trained == want
+        loop.run_until_complete(asyncio.sleep(0.01))  # one_step_off's done callbacks
+        assert rollouts.admitted() == [] and not rollouts.admissible(admitted + 1)
+        assert sorted(i for i, _ in sim.started) == list(range(3 * admitted))
     finally:
         rollouts.close()
         loop.close()
