@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_driver import RECIPE, SMOKE, deterministic, smoke_config
@@ -189,3 +190,57 @@ def test_async_run_interrupted_by_ctrl_c_drains_then_resumes_every_sample_once(
     assert trained == straight
     uids = [set(step) for step in trained.values()]
     assert sum(len(u) for u in uids) == len(set().union(*uids))  # no sample in two steps
+
+
+@pytest.mark.slow
+def test_ctrl_c_drain_past_its_timeout_cancels_and_checkpoints_the_trained_steps(
+    tmp_path: Path,
+) -> None:
+    """The drain's bound, through the driver: rollouts of step 2 onwards hang; Ctrl-C after
+    step 1 waits train.drain_timeout_s for them, cancels them, checkpoints step 1 (with
+    checkpoint.every=0) at data cursor = one batch, and exits 130 without hanging."""
+    import asyncio
+
+    import ray
+
+    from agentrl.distributed import init_ray_local
+
+    batch = 2  # SMOKE's train.batch_size
+
+    class Hang:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def generate(self, *args: Any, session_id: str | None = None, **kw: Any) -> Any:
+            if int((session_id or "train-0").rsplit("-", 1)[-1]) >= batch:
+                await asyncio.sleep(600)  # step 2 onwards: still generating at the Ctrl-C
+            return await self.inner.generate(*args, session_id=session_id, **kw)
+
+    class Interrupted(Trainer):
+        def setup(self) -> None:
+            super().setup()
+            assert self.fleet is not None and self.fleet.generator is not None
+            self.fleet.generator.inner = Hang(self.fleet.generator.inner)
+
+        def step(self) -> dict[str, float]:
+            out = super().step()
+            os.kill(os.getpid(), signal.SIGINT)  # the handler only sets the drain's flag
+            return out
+
+    steps = ["train.steps=4", "checkpoint.every=0", "eval.num_samples=0"]
+    mode = ["train.mode=async", "train.max_staleness=1", "train.drain_timeout_s=1"]
+    cfg = smoke_config(tmp_path, *steps, *mode, "name=timeout")
+    init_ray_local(num_cpus=2)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            Interrupted(cfg).run()
+    finally:
+        ray.shutdown()
+    assert exit_info.value.code == 128 + signal.SIGINT
+    assert time.monotonic() - t0 < 300
+    assert [r["step"] for r in read_jsonl(cfg.run_dir / "metrics.jsonl")] == [1]
+    ckpts = sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir())
+    assert ckpts == ["step_000001"]
+    state = json.loads((cfg.run_dir / "checkpoints" / ckpts[0] / "trainer_state.json").read_text())
+    assert state["step"] == 1 and state["data_cursor"] == batch
