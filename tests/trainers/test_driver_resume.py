@@ -193,13 +193,17 @@ def test_async_run_interrupted_by_ctrl_c_drains_then_resumes_every_sample_once(
 
 
 @pytest.mark.slow
-def test_ctrl_c_drain_past_its_timeout_cancels_and_checkpoints_the_trained_steps(
-    tmp_path: Path,
+@pytest.mark.parametrize("second_ctrl_c", [False, True])
+def test_ctrl_c_drain_past_its_timeout_or_a_second_ctrl_c_cancels(
+    tmp_path: Path, second_ctrl_c: bool
 ) -> None:
-    """The drain's bound, through the driver: rollouts of step 2 onwards hang; Ctrl-C after
-    step 1 waits train.drain_timeout_s for them, cancels them, checkpoints step 1 (with
-    checkpoint.every=0) at data cursor = one batch, and exits 130 without hanging."""
+    """The drain's bounds, through the driver: rollouts of step 2 onwards hang; Ctrl-C after
+    step 1 waits train.drain_timeout_s (1 s) for them, cancels them, checkpoints step 1 (with
+    checkpoint.every=0) at data cursor = one batch, and exits 130. Or, with a 600 s timeout, a
+    second Ctrl-C 2 s later cancels at once (KeyboardInterrupt; the last checkpoint stays the
+    last periodic one: none here)."""
     import asyncio
+    import threading
 
     import ray
 
@@ -225,21 +229,28 @@ def test_ctrl_c_drain_past_its_timeout_cancels_and_checkpoints_the_trained_steps
         def step(self) -> dict[str, float]:
             out = super().step()
             os.kill(os.getpid(), signal.SIGINT)  # the handler only sets the drain's flag
+            if second_ctrl_c:
+                threading.Timer(2.0, os.kill, args=(os.getpid(), signal.SIGINT)).start()
             return out
 
     steps = ["train.steps=4", "checkpoint.every=0", "eval.num_samples=0"]
-    mode = ["train.mode=async", "train.max_staleness=1", "train.drain_timeout_s=1"]
+    timeout = 600 if second_ctrl_c else 1
+    mode = ["train.mode=async", "train.max_staleness=1", f"train.drain_timeout_s={timeout}"]
     cfg = smoke_config(tmp_path, *steps, *mode, "name=timeout")
     init_ray_local(num_cpus=2)
     t0 = time.monotonic()
     try:
-        with pytest.raises(SystemExit) as exit_info:
+        with pytest.raises(KeyboardInterrupt if second_ctrl_c else SystemExit) as exit_info:
             Interrupted(cfg).run()
     finally:
         ray.shutdown()
-    assert exit_info.value.code == 128 + signal.SIGINT
     assert time.monotonic() - t0 < 300
     assert [r["step"] for r in read_jsonl(cfg.run_dir / "metrics.jsonl")] == [1]
+    if second_ctrl_c:
+        assert not list((cfg.run_dir / "checkpoints").glob("step_*"))
+        return
+    assert isinstance(exit_info.value, SystemExit)
+    assert exit_info.value.code == 128 + signal.SIGINT
     ckpts = sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir())
     assert ckpts == ["step_000001"]
     state = json.loads((cfg.run_dir / "checkpoints" / ckpts[0] / "trainer_state.json").read_text())
