@@ -682,6 +682,7 @@ class Trainer:
         )
 
     def close(self) -> None:
+        self._restore_sigint()  # an error may leave the loop with the drain's handler set
         if self.rollouts is not None:  # in-flight rollouts: cancelled, re-admitted on resume
             self.rollouts.close()
             self.rollouts = None
