@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -226,6 +228,60 @@ class AsyncRollouts:
         if pending and not self.loop.is_closed():
             self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._tasks.clear()
+
+
+class CtrlCDrain:
+    """Ctrl-C in the overlapped modes: the first drains, the second cancels.
+
+    ``install(rollouts)`` puts a SIGINT handler in place (main thread only; ``timeout_s`` <= 0
+    leaves Ctrl-C as it is). The first Ctrl-C stops new rollouts; the batches already
+    admitted finish within ``timeout_s`` (``train.drain_timeout_s``) and the driver trains
+    them (``admitted``, ``drained``) and then checkpoints. The second raises
+    ``KeyboardInterrupt`` at once. The handler only sets flags, so whatever the driver is
+    doing (an update, a trajectory log, a checkpoint) finishes whole.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.interrupted = False
+        self.drained: list[int] = []  # the steps trained while draining
+        self._rollouts: AsyncRollouts | None = None
+        self._previous: Any = None
+
+    def install(self, rollouts: AsyncRollouts) -> None:
+        if self.timeout_s <= 0 or threading.current_thread() is not threading.main_thread():
+            return
+        self._rollouts = rollouts
+        self._previous = signal.signal(signal.SIGINT, self._handler)
+
+    def restore(self) -> None:
+        """Put the previous SIGINT handler back (idempotent)."""
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def admitted(self, step: int) -> bool:
+        """Is step ``step``'s batch admitted (so the drain trains it)?"""
+        return self._rollouts is not None and step in self._rollouts.admitted()
+
+    def _handler(self, signum: int, frame: object) -> None:
+        rollouts = self._rollouts
+        if self.interrupted or rollouts is None:
+            self.restore()
+            logger.warning("Ctrl-C again: cancelling the in-flight rollouts")
+            raise KeyboardInterrupt
+        self.interrupted = True
+        steps = rollouts.admitted()
+        rollouts.drain(self.timeout_s)
+        logger.warning(
+            "Ctrl-C: no new rollouts; waiting up to %.0f s (train.drain_timeout_s) for %d "
+            "in-flight groups of %d admitted batches (steps %s), which are then trained and "
+            "checkpointed; Ctrl-C again cancels them now",
+            self.timeout_s,
+            rollouts.in_flight_groups,
+            len(steps),
+            ", ".join(map(str, steps)) or "none",
+        )
 
 
 def staleness_metrics(

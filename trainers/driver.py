@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import replace
@@ -59,6 +58,7 @@ from agentrl.rollout.collector import RolloutCollector
 from agentrl.types import TrajectoryGroup
 from trainers.async_rollout import (
     AsyncRollouts,
+    CtrlCDrain,
     DrainTimeout,
     staleness_bound,
     staleness_metrics,
@@ -114,9 +114,7 @@ class Trainer:
         self.bound = staleness_bound(cfg.train.mode, cfg.train.max_staleness)
         self.metrics_log: MetricsLogger | None = None
         self.trajectory_log = TrajectoryLog(cfg.trajectories, self.run_dir)
-        self._interrupted = False  # Ctrl-C in an overlapped mode: draining
-        self._drained: list[int] = []  # the steps trained while draining
-        self._prev_sigint: Any = None
+        self.ctrl_c = CtrlCDrain(cfg.train.drain_timeout_s)  # overlapped modes: Ctrl-C drains
 
     # ------------------------------------------------------------------ the whole run
     def run(self) -> dict[str, Any]:
@@ -128,7 +126,7 @@ class Trainer:
             # a terminal has the console's per-step tables; logs get a line per tenth with an ETA
             with progress("RL steps", todo, enabled=not sys.stderr.isatty()) as advance:
                 while self.step_done < self.cfg.train.steps:
-                    if self._interrupted and not self._drainable():
+                    if self.ctrl_c.interrupted and not self.ctrl_c.admitted(self.step_done + 1):
                         break
                     try:
                         self.step()
@@ -136,13 +134,13 @@ class Trainer:
                         logger.warning("Ctrl-C: %s; cancelling them (re-admitted on resume)", e)
                         break
                     advance()
-            self._restore_sigint()
-            if self._interrupted:
+            self.ctrl_c.restore()
+            if self.ctrl_c.interrupted:
                 self._stop_drained()
             after = self.evaluate_once("after", step=self.step_done)
             return self.finish(before, after, time.perf_counter() - t0)
         except (KeyboardInterrupt, SystemExit):
-            self._restore_sigint()
+            self.ctrl_c.restore()
             logger.warning(
                 "stopped after %d of %d RL steps; %s",
                 self.step_done,
@@ -154,44 +152,6 @@ class Trainer:
             self.close()
 
     # ------------------------------------------------------------------ Ctrl-C: drain
-    def _drain_on_sigint(self) -> None:
-        """Overlapped modes: the first Ctrl-C drains (no new rollout; the admitted batches
-        finish within ``train.drain_timeout_s`` and are trained, then a checkpoint), the
-        second cancels at once. The handler only sets flags: whatever the driver is doing
-        (an update, a trajectory log, a checkpoint) finishes whole."""
-        timeout_s = self.cfg.train.drain_timeout_s
-        if timeout_s <= 0 or threading.current_thread() is not threading.main_thread():
-            return
-
-        def handler(signum: int, frame: object) -> None:
-            if self._interrupted or self.rollouts is None:
-                self._restore_sigint()
-                logger.warning("Ctrl-C again: cancelling the in-flight rollouts")
-                raise KeyboardInterrupt
-            self._interrupted = True
-            steps = self.rollouts.admitted()
-            self.rollouts.drain(timeout_s)
-            logger.warning(
-                "Ctrl-C: no new rollouts; waiting up to %.0f s (train.drain_timeout_s) for %d "
-                "in-flight groups of %d admitted batches (steps %s), which are then trained and "
-                "checkpointed; Ctrl-C again cancels them now",
-                timeout_s,
-                self.rollouts.in_flight_groups,
-                len(steps),
-                ", ".join(map(str, steps)) or "none",
-            )
-
-        self._prev_sigint = signal.signal(signal.SIGINT, handler)
-
-    def _restore_sigint(self) -> None:
-        if self._prev_sigint is not None:
-            signal.signal(signal.SIGINT, self._prev_sigint)
-            self._prev_sigint = None
-
-    def _drainable(self) -> bool:
-        """Is the next step's batch admitted (so draining trains it)?"""
-        return self.rollouts is not None and self.step_done + 1 in self.rollouts.admitted()
-
     def _stop_drained(self) -> None:
         """After a drain: checkpoint the last trained step (unless saved), say so, exit 130."""
         if not self.step_done:
@@ -199,11 +159,12 @@ class Trainer:
             raise SystemExit(128 + signal.SIGINT)
         if self.ckpt.latest() != self.ckpt.path_for(self.step_done):
             self.save_checkpoint()
-        first = self._drained[0] if self._drained else None
+        drained = self.ctrl_c.drained
+        first = drained[0] if drained else None
         logger.warning(
             "Ctrl-C: drained; %s. Checkpoint %s holds step %d (data cursor %d); "
             "nothing in flight was lost",
-            f"trained steps {first}..{self._drained[-1]} after it"
+            f"trained steps {first}..{drained[-1]} after it"
             if first is not None
             else "no admitted batch was left to train",
             self.ckpt.latest(),
@@ -240,7 +201,7 @@ class Trainer:
             self._restore(state)
         if cfg.train.mode != "sync":
             self.rollouts = self._async_rollouts()
-            self._drain_on_sigint()
+            self.ctrl_c.install(self.rollouts)
         self.metrics_log = MetricsLogger(
             cfg.logging, self.run_dir, name=cfg.name, run_config=to_dict(cfg)
         )
@@ -281,8 +242,8 @@ class Trainer:
         metrics["train/data_cursor"] = float(self.cursor)
         assert self.metrics_log is not None
         self.metrics_log.log(metrics, step)  # before the checkpoint: a resumed run has every row
-        if self._interrupted:
-            self._drained.append(step)
+        if self.ctrl_c.interrupted:
+            self.ctrl_c.drained.append(step)
         if self.ckpt.should_save(step, cfg.train.steps):
             self.save_checkpoint()
         if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
@@ -682,7 +643,7 @@ class Trainer:
         )
 
     def close(self) -> None:
-        self._restore_sigint()  # an error may leave the loop with the drain's handler set
+        self.ctrl_c.restore()  # an error may leave the loop with the drain's handler set
         if self.rollouts is not None:  # in-flight rollouts: cancelled, re-admitted on resume
             self.rollouts.close()
             self.rollouts = None
