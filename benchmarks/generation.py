@@ -185,15 +185,20 @@ def ensure_model(args: argparse.Namespace) -> None:
         )
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The benchmark model's size, device and dtype flags (``ensure_model`` builds it)."""
     p.add_argument("--layers", type=int, default=20)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="", help="default: bfloat16 on CUDA, float32 on CPU")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_model_args(p)
     p.add_argument("--concurrency", default="64,256")
     p.add_argument("--paths", default=ALL_PATHS)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="")
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--model", default="/tmp/agentrl_gen_bench_model")
     p.add_argument("--out", default="/tmp/agentrl_gen_bench", help="server logs and results.json")

@@ -111,12 +111,10 @@ def run_server(name: str, args: argparse.Namespace, vocab: int) -> dict[str, Any
 
 
 def main() -> None:
+    from generation import add_model_args, ensure_model
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--layers", type=int, default=20)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="")
+    add_model_args(p)
     p.add_argument("--conversations", type=int, default=64)
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--prompt", type=int, default=256, help="first prompt's tokens")
@@ -134,7 +132,6 @@ def main() -> None:
     if need > args.max_seq_len:
         p.error(f"a conversation reaches {need} tokens: raise --max-seq-len to at least that")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    from generation import ensure_model
     from transformers import AutoConfig
 
     ensure_model(args)

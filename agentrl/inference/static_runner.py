@@ -231,8 +231,10 @@ class StaticRunner(ModelRunner):
                 shared = common_prefix(req.input_ids, self.slots[i].input_ids)
                 if shared > best:
                     best, donor = shared, i
-            slot, shared = self.pool.best(req.input_ids, self.weight_version)
-            from_pool = use_pool and not req.output_ids and shared > best
+            slot, shared = -1, 0
+            if use_pool and not req.output_ids:  # a retracted request re-prefills its tokens
+                slot, shared = self.pool.best(req.input_ids, self.weight_version)
+            from_pool = shared > best
             if from_pool:  # a finished request's tokens: the conversation's previous turn
                 best, donor = shared, slot
             best = min(best, len(req.input_ids) - 1)
