@@ -1,6 +1,6 @@
 """``gui/Browser-v0``: a task website in real headless Chromium, operated through actions.
 
-    env = make_env("gui/Browser-v0", task="login")       # or search, form; None: drawn per seed
+    env = make_env("gui/Browser-v0", task="login")  # or search, form, cart, settings; None: drawn
     obs, info = await env.areset(seed=0)   # [user: task + URL + title + element tree (+ PNG)]
     obs, reward, terminated, truncated, info = await env.astep(assistant("type(3, \"mira\")"))
 
@@ -15,7 +15,8 @@ element tree (``envs/gui/tree.py``), plus the screenshot as an image part when
 every element framed and labelled with its tree id, ``envs/gui/marks.py``). A reply without a
 valid action, an action on a missing or disabled element, a key that does not exist, a page
 that does not load in time: each becomes an observation the agent reads (and ``info["error"]``), never an exception. The site's checker sets the reward;
-the episode ends when the task is done (login accepted, result opened, form sent) or after
+the episode ends when the task is done (login accepted, result opened, form sent,
+order placed, settings saved) or after
 ``max_steps`` actions (truncated).
 
 The train/eval split is by content: ``info["task_key"]`` is the task type and its instruction
@@ -41,7 +42,7 @@ from agentrl.splits import DEFAULT_EVAL_FRACTION, MAX_DRAWS, split_of
 from agentrl.types import Message
 from envs.gui.actions import HELP, Action, ActionError, parse_action
 from envs.gui.marks import set_of_marks
-from envs.gui.tasks import TASKS, FormSite, LoginSite, PlanStep, SearchSite, Site
+from envs.gui.tasks import SITES, TASKS, PlanStep, Site
 from envs.gui.tree import Node, find
 
 Observe = Literal["text", "screenshot", "both"]
@@ -240,11 +241,7 @@ def make_site(task: str, rng: np.random.Generator) -> Site:
         from envs.gui.miniwob import MiniWoBSite
 
         return MiniWoBSite(task.removeprefix("miniwob/"), seed=int(rng.integers(2**31)))
-    if task == "login":
-        return LoginSite(rng)
-    if task == "search":
-        return SearchSite(rng)
-    return FormSite(rng)
+    return SITES[task](rng)
 
 
 def plan_action(step: PlanStep, nodes: list[Node]) -> Action:

@@ -15,9 +15,12 @@ animation, so the same seed renders the same screenshot.
     search   type a query, click "Search", open the named result         (3 actions)
     form     type a name and an email, pick a country, maybe tick the
              newsletter box, click "Send"                                (4-5 actions)
+    cart     open a product, pick the quantity, "Add to cart", "Check out" (4 actions)
+    settings open "Settings", pick a language and a time zone, maybe tick
+             "Email alerts", click "Save"                                (4-5 actions)
 
 Each instruction names the content that tells tasks apart (user and password, query and
-target, the form's values), so the default ``Env.task_key`` (the reset observation's text)
+target, the form's values, the product and quantity, the settings), so the default ``Env.task_key`` (the reset observation's text)
 splits them by content (``agentrl/splits.py``).
 """
 
@@ -35,7 +38,6 @@ import numpy as np
 ORIGIN = "http://task.agentrl"
 """The origin every task page is served from (never resolved: the session answers it)."""
 
-TASKS = ("login", "search", "form")
 
 FIRST = (
     "mira",
@@ -103,6 +105,20 @@ COUNTRIES = (
     "Peru",
     "Vietnam",
 )
+
+LANGUAGES = (
+    "Dansk",
+    "Deutsch",
+    "English",
+    "Español",
+    "Français",
+    "Italiano",
+    "Nederlands",
+    "Norsk",
+    "Polski",
+    "Suomi",
+)
+TIME_ZONES = tuple(f"UTC{h:+d}" if h else "UTC" for h in range(-6, 10))
 
 STYLE = (
     "body{font-family:'DejaVu Sans',sans-serif;font-size:16px;line-height:1.4;margin:24px;"
@@ -375,3 +391,161 @@ class FormSite(Site):
             self.reward, self.done = (1.0 if ok else 0.0), True
             return page("Thank you", "<h1>Thank you</h1><p>Your message was sent.</p>")
         return not_found(request.path)
+
+
+class CartSite(Site):
+    """Buy a named product in a given quantity: the order must hold exactly that, nothing else."""
+
+    name = "cart"
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        super().__init__()
+        nouns = _pick(rng, NOUN, 6)
+        self.items = [f"{_pick(rng, ADJ)[0]} {n}" for n in nouns]  # one noun each: names differ
+        self.prices = [int(p) for p in rng.integers(5, 300, len(self.items))]
+        self.target = int(rng.integers(0, len(self.items)))
+        self.quantity = int(rng.integers(1, 6))
+        self.cart: dict[int, int] = {}
+        self.order: dict[int, int] | None = None
+
+    @property
+    def instruction(self) -> str:
+        return (
+            f'Buy {self.quantity} of the "{self.items[self.target]}": add them to the cart '
+            "and check out."
+        )
+
+    @property
+    def plan(self) -> list[PlanStep]:
+        return [
+            PlanStep(verb="click", role="link", name=self.items[self.target]),
+            PlanStep(verb="select", role="combobox", name="Quantity", text=str(self.quantity)),
+            PlanStep(verb="click", role="button", name="Add to cart"),
+            PlanStep(verb="click", role="button", name="Check out"),
+        ]
+
+    def _cart_page(self) -> Response:
+        rows = "".join(
+            f"<li>{html.escape(self.items[i])} x {n}</li>" for i, n in sorted(self.cart.items())
+        )
+        return page(
+            "Cart",
+            "<h1>Your cart</h1>"
+            + (f"<ul>{rows}</ul>" if rows else "<p>The cart is empty.</p>")
+            + "<form method='post' action='/checkout'><button type='submit'>Check out</button>"
+            "</form><a href='/'>Continue shopping</a>",
+        )
+
+    def respond(self, request: Request) -> Response:
+        if request.path == "/":
+            rows = "".join(
+                f"<li><a href='/product/{i}'>{html.escape(t)}</a> ${self.prices[i]}</li>"
+                for i, t in enumerate(self.items)
+            )
+            return page("Shop", f"<h1>Shop</h1><ul>{rows}</ul><a href='/cart'>Cart</a>")
+        if request.path.startswith("/product/"):
+            try:
+                i = int(request.path.removeprefix("/product/"))
+                title = self.items[i]
+            except (ValueError, IndexError):
+                return not_found(request.path)
+            options = "".join(f"<option>{n}</option>" for n in range(1, 6))
+            return page(
+                title,
+                f"<h1>{html.escape(title)}</h1><p>Price: ${self.prices[i]}</p>"
+                f"<form method='post' action='/cart/add'><input type='hidden' name='item' value='{i}'>"
+                f"<label for='q'>Quantity</label><select id='q' name='qty'>{options}</select>"
+                "<button type='submit'>Add to cart</button></form><a href='/'>Back to the shop</a>",
+            )
+        if request.path == "/cart":
+            return self._cart_page()
+        if request.path == "/cart/add" and request.method == "POST":
+            try:
+                i, n = int(request.form.get("item", "")), int(request.form.get("qty", ""))
+            except ValueError:
+                return not_found(request.path)
+            if 0 <= i < len(self.items) and 1 <= n <= 5:
+                self.cart[i] = self.cart.get(i, 0) + n
+            return self._cart_page()
+        if request.path == "/checkout" and request.method == "POST":
+            self.order = dict(self.cart)
+            ok = self.order == {self.target: self.quantity}
+            self.reward, self.done = (1.0 if ok else 0.0), True
+            return page("Order placed", "<h1>Thank you</h1><p>Your order was placed.</p>")
+        return not_found(request.path)
+
+
+class SettingsSite(Site):
+    """Change an account's settings on a page reached from the dashboard's navigation."""
+
+    name = "settings"
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        super().__init__()
+        self.language = _pick(rng, LANGUAGES)[0]
+        self.time_zone = _pick(rng, TIME_ZONES)[0]
+        self.alerts = bool(rng.integers(0, 2))
+        self.saved: dict[str, str] | None = None
+
+    @property
+    def instruction(self) -> str:
+        alerts = "turn email alerts on" if self.alerts else "leave email alerts off"
+        return (
+            f'Open the settings, set the language to "{self.language}" and the time zone to '
+            f'"{self.time_zone}", {alerts}, and save.'
+        )
+
+    @property
+    def plan(self) -> list[PlanStep]:
+        steps = [
+            PlanStep(verb="click", role="link", name="Settings"),
+            PlanStep(verb="select", role="combobox", name="Language", text=self.language),
+            PlanStep(verb="select", role="combobox", name="Time zone", text=self.time_zone),
+        ]
+        if self.alerts:
+            steps.append(PlanStep(verb="click", role="checkbox", name="Email alerts"))
+        return [*steps, PlanStep(verb="click", role="button", name="Save")]
+
+    def respond(self, request: Request) -> Response:
+        nav = (
+            "<nav><a href='/'>Home</a> <a href='/profile'>Profile</a> "
+            "<a href='/settings'>Settings</a> <a href='/help'>Help</a></nav>"
+        )
+        if request.path == "/settings" and request.method == "POST":
+            f = self.saved = dict(request.form)
+            ok = (
+                f.get("language") == self.language
+                and f.get("zone") == self.time_zone
+                and ("alerts" in f) == self.alerts
+            )
+            self.reward, self.done = (1.0 if ok else 0.0), True
+            return page("Saved", nav + "<h1>Settings saved</h1>")
+        if request.path == "/settings":
+            languages = "".join(f"<option>{html.escape(x)}</option>" for x in LANGUAGES)
+            zones = "".join(f"<option>{z}</option>" for z in TIME_ZONES)
+            return page(
+                "Settings",
+                nav + "<h1>Settings</h1><form method='post' action='/settings'>"
+                f"<label for='l'>Language</label><select id='l' name='language'>{languages}</select>"
+                f"<label for='z'>Time zone</label><select id='z' name='zone'>{zones}</select>"
+                "<label><input type='checkbox' name='alerts'> Email alerts</label>"
+                "<button type='submit'>Save</button></form>",
+            )
+        if request.path == "/":
+            return page("Dashboard", nav + "<h1>Dashboard</h1><p>Welcome back.</p>")
+        if request.path in ("/profile", "/help"):
+            title = request.path.strip("/").title()
+            return page(title, nav + f"<h1>{title}</h1><p>Nothing to change here.</p>")
+        return not_found(request.path)
+
+
+SITES: dict[str, Callable[[np.random.Generator], Site]] = {
+    "login": LoginSite,
+    "search": SearchSite,
+    "form": FormSite,
+    "cart": CartSite,
+    "settings": SettingsSite,
+}
+"""Our task types by name; each builds its site from a random generator (the seed's content)."""
+
+TASKS = tuple(SITES)

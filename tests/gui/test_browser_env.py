@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 import os
 from pathlib import Path
@@ -19,7 +20,7 @@ from agentrl.splits import reset_in_split, split_of
 from agentrl.types import Message
 from envs.gui.env import BrowserEnv, plan_action
 from envs.gui.session import BrowserPool, SessionConfig
-from envs.gui.tasks import TASKS
+from envs.gui.tasks import TASKS, TIME_ZONES, CartSite, SettingsSite
 from envs.gui.tree import find, walk
 from tests.gui.sites import PagesSite, html
 
@@ -79,6 +80,39 @@ async def test_wrong_answers_earn_nothing() -> None:
         await env.aclose()
 
 
+async def test_a_wrong_quantity_or_setting_earns_nothing_and_ends_the_episode() -> None:
+    """The cart's checker wants exactly the asked quantity of the asked product; the settings'
+    checker every asked value: one field off is a failed episode."""
+    env = BrowserEnv("cart")
+    try:
+        await env.areset(seed=3)
+        site = env.site
+        assert isinstance(site, CartSite)
+        wrong = site.quantity % 5 + 1  # another quantity in 1..5
+        for step in site.plan:
+            text = str(wrong) if step.verb == "select" else step.text
+            action = plan_action(dataclasses.replace(step, text=text), env.view.nodes)
+            _, reward, terminated, _, info = await env.astep(say(str(action)))
+            assert info["error"] is None, info
+        assert (reward, terminated, info["success"]) == (0.0, True, False)
+        assert site.order == {site.target: wrong}
+
+        env2 = BrowserEnv("settings")
+        await env2.areset(seed=3)
+        settings = env2.site
+        assert isinstance(settings, SettingsSite)
+        other = next(z for z in TIME_ZONES if z != settings.time_zone)
+        for step in settings.plan:
+            text = other if step.name == "Time zone" else step.text
+            action = plan_action(dataclasses.replace(step, text=text), env2.view.nodes)
+            _, reward, terminated, _, info = await env2.astep(say(str(action)))
+        assert (reward, terminated, info["success"]) == (0.0, True, False)
+        assert settings.saved is not None and settings.saved["zone"] == other
+        await env2.aclose()
+    finally:
+        await env.aclose()
+
+
 async def test_content_is_randomised_per_seed_and_splits_by_content() -> None:
     env = BrowserEnv("search")
     keys = set()
@@ -93,11 +127,11 @@ async def test_content_is_randomised_per_seed_and_splits_by_content() -> None:
 
 
 async def test_train_and_eval_tasks_are_disjoint_by_content() -> None:
-    env = BrowserEnv()  # all three task types
+    env = BrowserEnv()  # every task type
     seen: dict[str, set[str]] = {"train": set(), "eval": set()}
     try:
         for split in ("train", "eval"):
-            for seed in range(10):
+            for seed in range(25):
                 obs, info = await reset_in_split(env, seed=seed, split=split, eval_fraction=0.3)  # type: ignore[arg-type]
                 key = env.task_key(obs, info)
                 assert key == info["task_key"] and split_of(key, 0.3) == split

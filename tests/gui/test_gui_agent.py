@@ -61,6 +61,32 @@ def policy(prompt: str, turn: int) -> str:
         if links:
             return f"Found it.\nclick({links[0]})"
         return fill("searchbox", "Search", query) or f"click({el('button', 'Search')[0]})"
+    if task[1].startswith("Buy"):
+        quantity, item = task[1].split()[1], quoted[0]
+        roles = {(r, n) for _, r, n, _, _ in els}
+        if ("button", "Check out") in roles:
+            return f"click({el('button', 'Check out')[0]})"
+        if ("combobox", "Quantity") not in roles:
+            return f"click({el('link', item)[0]})"
+        i, value, _ = el("combobox", "Quantity")
+        return (
+            f'select({i}, "{quantity}")'
+            if value != quantity
+            else f"click({el('button', 'Add')[0]})"
+        )
+    if task[1].startswith("Open the settings"):
+        language, zone = quoted
+        if not any(r == "combobox" for _, r, _, _, _ in els):
+            return f"click({el('link', 'Settings')[0]})"
+        (lang, lv, _), (tz, zv, _) = el("combobox", "Language"), el("combobox", "Time zone")
+        box, _, checked = el("checkbox", "Email alerts")
+        want = "turn email alerts on" in task[1]
+        return (
+            (f'select({lang}, "{language}")' if lv != language else None)
+            or (f'select({tz}, "{zone}")' if zv != zone else None)
+            or (f"click({box})" if (checked == "checked") != want else None)
+            or f"click({el('button', 'Save')[0]})"
+        )
     name, email, country = quoted
     i, value, _ = el("combobox", "Country")
     box, _, checked = el("checkbox", "newsletter")
@@ -81,7 +107,10 @@ def template() -> ChatTemplate:
 
 @pytest.mark.browser
 @pytest.mark.usefixtures("chromium")
-@pytest.mark.parametrize(("task", "window"), [("login", 0), ("search", 0), ("form", 2)])
+@pytest.mark.parametrize(
+    ("task", "window"),
+    [("login", 0), ("search", 0), ("form", 2), ("cart", 0), ("settings", 2)],
+)
 async def test_a_scripted_policy_solves_each_task_through_the_loop(
     template: ChatTemplate, task: str, window: int
 ) -> None:
