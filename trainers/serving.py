@@ -350,7 +350,7 @@ class Fleet:
             try:
                 await self._push(named, version)
             except InferenceError:
-                if not await supervisor.check():
+                if not await supervisor.confirm_failure():
                     raise
                 logger.warning(
                     "a server died during the sync to version %d; pushing again to %s",

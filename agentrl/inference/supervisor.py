@@ -221,16 +221,26 @@ class ServerSupervisor:
         )
         self._admitted.fire()
 
+    async def confirm_failure(self) -> list[str]:
+        """After a request to a server failed: the servers found dead, checking up to
+        ``health_failures + 1`` times ``check_interval_s`` apart (a SIGKILLed process may still
+        be exiting, a hung one needs ``health_failures`` failed checks); [] when none is, so
+        the failure was something else. Stops early once a restart is under way."""
+        dead: list[str] = []
+        for i in range(self.cfg.health_failures + 1):
+            dead += await self.check()
+            if dead or self.restarting or not self.cfg.enabled:
+                break
+            if i < self.cfg.health_failures:
+                await asyncio.sleep(self.cfg.check_interval_s)
+        return dead
+
     async def wait_for_rejoin(self) -> bool:
         """True once a restarted server is routed to again; False when no restart starts
         within ``health_failures + 1`` checks, when the restarts fail, or after
         ``rejoin_wait_s``. The client awaits it when every routable server failed."""
         deadline = time.monotonic() + self.cfg.rejoin_wait_s
-        for _ in range(self.cfg.health_failures + 1):  # a killed process may still be exiting,
-            await self.check()  # a hung one needs health_failures failed checks
-            if self.restarting:
-                break
-            await asyncio.sleep(self.cfg.check_interval_s)
+        await self.confirm_failure()
         while self.restarting:
             try:
                 await asyncio.wait_for(self._admitted.wait(), deadline - time.monotonic())
