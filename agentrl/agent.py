@@ -237,9 +237,15 @@ class RolloutContext:
         lim = self.limits
         input_ids = self.build_prompt(prompt_ids)
         if input_ids is None:
-            raise RolloutStop(
-                RolloutStatus.TRUNCATED_LENGTH, f"context full (max_tokens={lim.max_tokens})"
-            )
+            why = f"context full (max_tokens={lim.max_tokens})"
+            refused = self.ledger.refused
+            if refused is not None and refused[1]:
+                why += (
+                    f": the prompt would be {refused[0]} tokens, {refused[1]} of them for its "
+                    "new images; raise rollout.max_tokens or lower the image processor's "
+                    "max_pixels (fewer tokens per image)"
+                )
+            raise RolloutStop(RolloutStatus.TRUNCATED_LENGTH, why)
         n_new = min(max_new_tokens or self.sampling.max_new_tokens, lim.max_tokens - len(input_ids))
         sampling = self.sampling
         if n_new != sampling.max_new_tokens:
@@ -315,7 +321,13 @@ class RolloutContext:
         return self.ledger.prompt(self.messages, raw_ids=prompt_ids, limit=self.limits.max_tokens)
 
     async def call_model(self, input_ids: list[int], sampling: SamplingParams) -> Completion:
-        """One model request; override to route, cache or retry requests."""
+        """One model request; override to route, cache or retry requests. A prompt with images
+        sends them along (``ledger.prompt_images()``, in placeholder order)."""
+        images = self.ledger.prompt_images()
+        if images:
+            return await self.generator.generate(
+                input_ids, sampling, session_id=self.session_id, images=images
+            )
         return await self.generator.generate(input_ids, sampling, session_id=self.session_id)
 
     def parse_actions(self, text: str, finish_reason: str) -> tuple[Message, list[str]]:

@@ -34,6 +34,13 @@ across split/concat is ``RowInfo.group_key``.
 
 tensordict's ``TensorDict`` holds the tensors (batched indexing, ``.to(device)``, pickling for
 the object store); row metadata that is not a tensor lives in ``rows`` beside it.
+
+Images (a vision-language model's prompts) are row metadata too: ``RowInfo.images`` holds the
+data URLs of a row's images in the order of their placeholder tokens (``Segment.images``), so
+``select``/``split``/``micro_batches``/``concat`` carry them with their rows, and the engine
+turns the rows' images into pixels for the forward (``agentrl.vision.Vision.pixels``), the
+same way the inference server did. A row's images are never tensors here: they differ in
+size and count, and as URLs they cost their PNG bytes, not their pixels.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ class RowInfo:
     segment_index: int  # which segment of the trajectory this row is
     num_segments: int
     group_key: str  # identity of the group across split/concat
+    images: tuple[str, ...] = ()  # data URLs of the row's images, in placeholder order
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,7 +228,9 @@ class TrainBatch:
                     last = i == len(segs) - 1
                     reward = traj.reward if segment_reward == "all" or last else 0.0
                     ok = group_ok and not traj.status.is_infra_failure
-                    info = RowInfo(group.uid, traj.id, traj.status, i, len(segs), key)
+                    info = RowInfo(
+                        group.uid, traj.id, traj.status, i, len(segs), key, tuple(seg.images)
+                    )
                     items.append((seg, reward, ok, info))
         if not items:
             raise ConfigError(
@@ -325,6 +335,15 @@ class TrainBatch:
     group_ids = property(lambda self: self["group_ids"])  # (B,)
     sample_mask = property(lambda self: self["sample_mask"])  # (B,)
     seq_lens = property(lambda self: self["seq_lens"])  # (B,)
+
+    @property
+    def images(self) -> list[tuple[str, ...]]:
+        """Each row's images (data URLs, in placeholder order); empty tuples for text rows."""
+        return [r.images for r in self.rows]
+
+    @property
+    def has_images(self) -> bool:
+        return any(r.images for r in self.rows)
 
     # ---- reshaping ------------------------------------------------------------------------
 

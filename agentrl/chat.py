@@ -23,6 +23,12 @@ generically, by diffing renders, with no per-model code:
   they differ, the full diff is used for that shape from then on;
 - ``check_ledger`` decodes a ledger and compares it with a full render of the conversation,
   reporting the first mismatching token.
+
+Images: a template built for a vision-language model carries its ``Vision``
+(``agentrl.vision``; ``from_pretrained`` finds it in the model directory). The template renders
+one placeholder per image part; the ledger expands each to the image's token count
+(``image_urls`` + ``Vision.expand``) and ``check_ledger`` folds the runs back. A text-only
+template refuses image parts (``image_urls`` raises) instead of rendering their repr.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from typing import Any
 
 from agentrl.errors import TokenizationError
 from agentrl.types import JSON, Message, ToolCall
+from agentrl.vision import Vision, has_images
+from agentrl.vision import image_urls as _image_urls
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +108,10 @@ class ChatTemplate:
         template_kwargs: dict[str, Any] | None = None,
         prefix_preserving: bool | None = None,
         cache_size: int = 256,
+        vision: Vision | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.vision = vision
         self._chat_template = chat_template
         self._kwargs = dict(template_kwargs or {})
         self._prefix_preserving = prefix_preserving
@@ -117,7 +127,22 @@ class ChatTemplate:
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> ChatTemplate:
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(str(path)), **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        if "vision" not in kwargs:
+            kwargs["vision"] = Vision.from_pretrained(path, tokenizer)
+        return cls(tokenizer, **kwargs)
+
+    def image_urls(self, messages: Sequence[Message | JSON]) -> list[str]:
+        """The image parts' URLs of ``messages`` in order; a text-only template refuses them."""
+        if self.vision is None:
+            if has_images(messages):
+                raise TokenizationError(
+                    "a message has an image part but this model is text-only (its directory has "
+                    "no image processor); drop image parts (e.g. GUIAgentLoop mode='text') or "
+                    "serve a vision-language model (agentrl.tiny.make_tiny_model(arch='qwen2_vl'))"
+                )
+            return []
+        return _image_urls(messages)
 
     # --- rendering --------------------------------------------------------------------------
     def render_text(
@@ -379,6 +404,11 @@ class ChatTemplate:
         The decoded ledger must be a prefix of the render (messages after the last completion
         may be missing from it) that reaches at least the last assistant message's content.
         """
+        if self.vision is not None:  # one placeholder per image, as the template renders it
+            pad = self.vision.image_token_id
+            token_ids = [
+                t for i, t in enumerate(token_ids) if t != pad or i == 0 or token_ids[i - 1] != pad
+            ]
         got = self.decode(token_ids)
         expected = self.render_text(messages, tools)
         if not expected.startswith(got):

@@ -57,19 +57,21 @@ def _fail(err: Exception) -> NoReturn:
 @model_app.command("tiny")
 def model_tiny(
     path: Path,
-    arch: Annotated[str, typer.Option(help="qwen2 or llama.")] = "qwen2",
+    arch: Annotated[
+        str, typer.Option(help="qwen2, llama, or qwen2_vl (a vision-language model).")
+    ] = "qwen2",
     hidden_size: int = 64,
     num_layers: int = 2,
     seed: int = 0,
 ) -> None:
-    """Write a tiny randomly initialised causal LM and its tokenizer as an HF directory."""
+    """Write a tiny randomly initialised causal LM (or VLM) and its tokenizer as an HF directory."""
     from agentrl.tiny import make_tiny_model
 
-    if arch not in ("qwen2", "llama"):
-        raise ConfigError(f"--arch must be qwen2 or llama, got {arch!r}")
+    if arch not in ("qwen2", "llama", "qwen2_vl"):
+        raise ConfigError(f"--arch must be qwen2, llama or qwen2_vl, got {arch!r}")
     out = make_tiny_model(
         path,
-        arch="llama" if arch == "llama" else "qwen2",
+        arch=arch,  # type: ignore[arg-type]  (checked above)
         hidden_size=hidden_size,
         num_layers=num_layers,
         seed=seed,

@@ -211,12 +211,17 @@ class Segment:
     ``versions[t]`` is the weight version that produced a generated token and -1 elsewhere.
     A rollout normally has one segment; templates that are not prefix-preserving, sub-agents
     and context compaction produce several.
+
+    ``images`` are the data URLs of the images whose placeholder tokens are in ``token_ids``,
+    in the order of their placeholders (a vision-language model's prompt; see
+    ``agentrl.vision``); empty for text.
     """
 
     token_ids: list[int] = field(default_factory=list)  # [T]
     loss_mask: list[int] = field(default_factory=list)  # [T]
     logprobs: list[float] = field(default_factory=list)  # [T]
     versions: list[int] = field(default_factory=list)  # [T]
+    images: list[str] = field(default_factory=list)  # [I] data URLs, placeholder order
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -263,12 +268,15 @@ class Segment:
                 )
 
     def to_dict(self) -> JSON:
-        return {
+        d: JSON = {
             "token_ids": self.token_ids,
             "loss_mask": self.loss_mask,
             "logprobs": self.logprobs,
             "versions": self.versions,
         }
+        if self.images:
+            d["images"] = self.images
+        return d
 
     @classmethod
     def from_dict(cls, d: JSON) -> Segment:
@@ -277,6 +285,7 @@ class Segment:
             loss_mask=list(d["loss_mask"]),
             logprobs=[float(x) for x in d["logprobs"]],
             versions=list(d["versions"]),
+            images=list(d.get("images") or ()),
         )
 
 

@@ -85,13 +85,22 @@ class SeededGenerator:
         self._turns: dict[tuple[str, int], int] = {}
 
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+        images: Sequence[str] = (),
     ) -> Completion:
         key = _ROLLOUT_KEY.get()
         if key is not None and sampling.seed is None:
             turn = self._turns.get(key, 0)
             self._turns[key] = turn + 1
             sampling = dataclasses.replace(sampling, seed=request_seed(self.run_seed, *key, turn))
+        if images:
+            return await self.inner.generate(
+                input_ids, sampling, session_id=session_id, images=images
+            )
         return await self.inner.generate(input_ids, sampling, session_id=session_id)
 
     def reset(self) -> None:

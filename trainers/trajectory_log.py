@@ -104,6 +104,8 @@ class TrajectoryLog:
                 if any(r.token_advantages is not None for r in segs):
                     d["token_advantages"] = [r.token_advantages for r in segs]
                 dicts.append(d)
+        for d in dicts:
+            _segment_image_counts(d)
         dropped = _cap_images(dicts, self.cfg.max_image_mb * 1e6)
         if dropped:
             logger.info(
@@ -131,6 +133,19 @@ class TrajectoryLog:
             total -= f.stat().st_size
             f.unlink()
             logger.debug("trajectories.max_total_mb: removed %s", f)
+
+
+def _segment_image_counts(d: dict[str, Any]) -> None:
+    """A segment's images (a vision model's prompt) are the messages' images again: the line
+    keeps only their count (``num_images``), so the image cap below bounds them too."""
+    segs = d.get("segments")
+    if isinstance(segs, list):
+        d["segments"] = [
+            {k: v for k, v in s.items() if k != "images"} | {"num_images": len(s["images"])}
+            if isinstance(s, dict) and s.get("images")
+            else s
+            for s in segs
+        ]
 
 
 def _image_slots(d: dict[str, Any]) -> list[tuple[list[Any], int, bool]]:

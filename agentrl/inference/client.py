@@ -202,13 +202,18 @@ class InferenceClient:
 
     # ---- generate (hot path) ------------------------------------------------------------
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+        images: Sequence[str] = (),
     ) -> Completion:
         server = self._pick(session_id)
         tried: list[_Server] | None = None  # allocated on the first failure only
         while True:
             dialect = server.dialect
-            body = dialect.request_body(input_ids, sampling, self.cfg.return_logprob)
+            body = dialect.request_body(input_ids, sampling, self.cfg.return_logprob, images=images)
             server.inflight += 1
             start = time.perf_counter()
             try:

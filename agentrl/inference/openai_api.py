@@ -13,7 +13,10 @@ are passed to the template. Chat requests and answers are parsed and built by
 tokens; ``n > 1`` is refused on chat (one sample per request). ``/v1/completions`` refuses
 ``stream`` and ``echo`` with a 400. With
 ``return_token_ids: true`` (vLLM's field) each choice also carries ``prompt_token_ids`` and
-``token_ids``, so a black-box agent can still keep a token-exact ledger.
+``token_ids``, so a black-box agent can still keep a token-exact ledger. A vision-language
+model takes image parts (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``)
+in user messages: each is rendered as one placeholder, expanded to the image's token count and
+sent with its pixels (``agentrl.vision``); remote image URLs are refused.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, TokenizationError
 from agentrl.http import json_response, parse_body
 from agentrl.inference.openai_chat import (
     ChatRequest,
@@ -53,6 +56,7 @@ from agentrl.inference.responses import error_response
 from agentrl.inference.runner import RequestParams, RunnerResult
 from agentrl.inference.wire import WireSamplingParams
 from agentrl.tool_parsers import get_tool_parser
+from agentrl.vision import ImageInputs, has_images, image_urls
 
 if TYPE_CHECKING:
     from agentrl.inference.server import ServerState
@@ -186,12 +190,37 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             }
         )
 
+    def chat_images(req: ChatRequest, ids: list[int]) -> tuple[list[int], ImageInputs | None]:
+        """The prompt with each image's placeholder expanded, and the images' pixels."""
+        vision = state.engine.vision
+        try:
+            if vision is None:
+                if has_images(req.messages):
+                    raise TokenizationError(
+                        "a message has an image part but the served model is text-only; send "
+                        "text only, or serve a vision-language model (agentrl.tiny."
+                        "make_tiny_model(arch='qwen2_vl'))"
+                    )
+                return ids, None
+            urls = image_urls(req.messages)
+            if not urls:
+                return ids, None
+            return vision.expand(ids, urls), vision.pixels(urls)
+        except TokenizationError as exc:
+            raise OpenAIError(str(exc), param="messages") from None
+
     async def stream_chat(
-        req: ChatRequest, ids: list[int], params: RequestParams, tools_on: bool
+        req: ChatRequest,
+        ids: list[int],
+        params: RequestParams,
+        tools_on: bool,
+        images: ImageInputs | None,
     ) -> AsyncIterator[bytes]:
         """SSE chunks as the engine samples tokens (shared builders: ``openai_chat``)."""
         queue: asyncio.Queue[int | None] = asyncio.Queue()
-        task = asyncio.create_task(state.run(uuid.uuid4().hex, ids, params, queue.put_nowait))
+        task = asyncio.create_task(
+            state.run(uuid.uuid4().hex, ids, params, queue.put_nowait, images=images)
+        )
         task.add_done_callback(lambda _t: queue.put_nowait(None))
         cid, created, model = new_id(), int(time.time()), state.model_name
         hold = [getattr(parser, "open_tag", "")] if tools_on else []
@@ -245,7 +274,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                     f"the chat template could not render these messages: {exc}",
                     param="messages",
                 ) from exc
-            ids = tok.encode(rendered, add_special_tokens=False)
+            ids, images = chat_images(req, tok.encode(rendered, add_special_tokens=False))
             limit = req.limit
             if limit is None:
                 limit = max(1, state.engine.max_context - len(ids) - 1)
@@ -267,11 +296,11 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                 raise OpenAIError(str(exc)) from exc
             if req.stream:
                 return StreamingResponse(
-                    stream_chat(req, ids, params, bool(tools)),
+                    stream_chat(req, ids, params, bool(tools), images),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache"},
                 )
-            res = await state.run(uuid.uuid4().hex, ids, params)
+            res = await state.run(uuid.uuid4().hex, ids, params, images=images)
             if res.error:
                 raise OpenAIError(f"engine failed: {res.error}", status=500, type="server_error")
         except OpenAIError as exc:

@@ -11,7 +11,7 @@ module holds the in-process types the rest of agentrl codes against, so nothing 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -64,7 +64,12 @@ class Completion:
 
 @runtime_checkable
 class Generator(Protocol):
-    """Anything that turns prompt token ids into a Completion (the InferenceClient, a fake in tests)."""
+    """Anything that turns prompt token ids into a Completion (the InferenceClient, a fake in tests).
+
+    ``images`` (a vision-language model's prompt) are the data URLs of the images whose
+    placeholder tokens ``input_ids`` hold, in placeholder order (``agentrl.vision``); callers
+    pass it only when there are images, so a text-only generator may leave it out.
+    """
 
     async def generate(
         self,
@@ -72,6 +77,7 @@ class Generator(Protocol):
         sampling: SamplingParams,
         *,
         session_id: str | None = None,
+        images: Sequence[str] = (),
     ) -> Completion: ...
 
 

@@ -16,6 +16,12 @@ per-layer tensors are merged (left-padded to a common length) when rows join, in
 leave, and trimmed when the longest row leaves. The model runs in one dedicated thread, so the
 asyncio event loop that serves HTTP never blocks on a forward pass.
 
+A vision-language model (``agentrl.vision``, Qwen2-VL) runs here too: a request may carry its
+images' pixels (``RunnerRequest.images``); a prefill passes the rows' pixels in row order with
+Qwen2-VL's multimodal rotary positions (left padding handled by the attention mask), and a
+row's ``next_pos`` starts at its real length plus its rotary offset, so decode steps feed plain
+(B, 1) positions, which the model uses on all three rotary axes, as the trainer's forward does.
+
 Everything that touches the model (weight updates, checksums) runs in that thread between
 steps through ``call()``, so an update never lands in the middle of a forward pass. Tokens
 generated after an update are tagged with the new version (``output_versions``).
@@ -43,6 +49,7 @@ from agentrl.inference.batch_state import BatchState, prefill_inputs
 from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
 from agentrl.inference.sampling import RowSampling, sample_rows
 from agentrl.inference.wire import finish_reason_dict
+from agentrl.vision import ImageInputs, Vision, mrope_positions
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,6 +92,7 @@ class RunnerRequest:
     params: RequestParams
     on_done: Callable[[RunnerResult], None]
     on_token: Callable[[int], None] | None = None  # called (engine thread) per sampled token
+    images: ImageInputs | None = None  # the prompt's images (a vision-language model)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[float, int]]] = field(default_factory=list)
@@ -149,11 +157,19 @@ class ModelRunner:
             raise ConfigError(f"dtype {cfg.dtype!r} is not a torch dtype; try float32 or bfloat16.")
         torch.set_num_threads(cfg.num_threads or _default_threads(cfg.device))
         self.tokenizer: Any = AutoTokenizer.from_pretrained(cfg.model)
-        model: Any = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+        self.vision: Vision | None = Vision.from_pretrained(cfg.model, self.tokenizer)
+        model: Any
+        if self.vision is not None:
+            from transformers import AutoModelForImageTextToText
+
+            model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
         self.model: Any = model.to(cfg.device).eval()
         self.dtype = dtype
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        text_config = self.model.config.get_text_config()
+        self.max_context = int(getattr(text_config, "max_position_embeddings", 1 << 30))
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
@@ -360,12 +376,29 @@ class ModelRunner:
             r.start_version = self.weight_version  # the version that makes its first token
         ids, mask, pos = prefill_inputs([r.input_ids for r in reqs], self.pad_id, self.cfg.device)
         cache = BatchState.new_cache(self.model)
+        extra: dict[str, Any] = {}
+        next_pos = mask.sum(-1)
+        if self.vision is not None:
+            parts = [r.images for r in reqs if r.images is not None]
+            images = None
+            if parts:
+                images = ImageInputs(
+                    torch.cat([p.pixel_values for p in parts]),
+                    torch.cat([p.image_grid_thw for p in parts]),
+                ).to(self.cfg.device)
+                extra = {
+                    "pixel_values": images.pixel_values,
+                    "image_grid_thw": images.image_grid_thw,
+                }
+            pos, delta = mrope_positions(self.model, ids, mask, images)  # (3, B, P), (B,)
+            next_pos = next_pos + delta.to(next_pos.device)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
             use_cache=True,
             logits_to_keep=1,
+            **extra,
             **{self._cache_kw: cache},
         )
         self._count_forward(len(reqs), "prefill_forwards")
@@ -373,7 +406,7 @@ class ModelRunner:
             reqs=reqs,
             cache=cache,
             mask=mask,
-            next_pos=mask.sum(-1),
+            next_pos=next_pos,
             last_tokens=ids.new_zeros(len(reqs)),
         )
         fresh = self._advance(batch, out.logits[:, -1])
@@ -510,7 +543,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     ids: set[int] = set()
     for source in (
         getattr(model.generation_config, "eos_token_id", None),
-        model.config.eos_token_id,
+        getattr(model.config.get_text_config(), "eos_token_id", None),
         tokenizer.eos_token_id,
     ):
         if isinstance(source, int):

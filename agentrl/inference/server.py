@@ -15,7 +15,11 @@ Endpoints: ``/generate``; ``/v1/completions``, ``/v1/chat/completions``, ``/v1/m
 ``/weights_checksum``, in ``server_weights.py``; ``/init_weights_update_group``,
 ``/update_weights_from_distributed``, ``/destroy_weights_update_group``, in
 ``server_collective.py``); ``/pause_generation``, ``/continue_generation``, ``/abort_request``.
-Errors are ``{"error": {"message", "type", "code"}}`` with a 4xx for bad input and a 5xx when
+A vision-language model (``agentrl.vision``) takes SGLang's ``image_data`` with ``input_ids``:
+one data URL (or bare base64) per image, in the order of the images' placeholder runs, which
+must already be expanded (``Vision.expand``: one ``<|image_pad|>`` per image token, as the
+trainer sees them); the server turns them into pixels with the model's processor and checks
+that the placeholders match. Errors are ``{"error": {"message", "type", "code"}}`` with a 4xx for bad input and a 5xx when
 the engine failed. ``HttpGuard`` (``agentrl.http.guard``) runs before any body is read: an
 optional bearer token (``--api-key`` or ``AGENTRL_INFERENCE_API_KEY``, SGLang's and vLLM's
 ``Authorization: Bearer`` scheme; off by default, for loopback; ``/health`` stays open) and
@@ -41,7 +45,7 @@ from typing import Any, cast
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, TokenizationError
 from agentrl.http import HttpGuard, is_loopback, json_response, parse_body
 from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
 from agentrl.inference.responses import error_response
@@ -53,6 +57,7 @@ from agentrl.inference.wire import (
     error_body,
     generate_response,
 )
+from agentrl.vision import ImageInputs
 
 logger = logging.getLogger(__name__)
 API_KEY_ENV = "AGENTRL_INFERENCE_API_KEY"
@@ -83,6 +88,7 @@ class Job:
     return_logprob: bool
     skip_special_tokens: bool
     no_stop_trim: bool
+    images: ImageInputs | None = None
 
 
 class ServerState:
@@ -99,6 +105,7 @@ class ServerState:
         input_ids: list[int],
         params: RequestParams,
         on_token: Callable[[int], None] | None = None,
+        images: ImageInputs | None = None,
     ) -> RunnerResult:
         """Submit one request to the engine and wait; abort it if the caller goes away.
 
@@ -118,7 +125,12 @@ class ServerState:
 
         self.engine.submit(
             RunnerRequest(
-                rid=rid, input_ids=input_ids, params=params, on_done=done, on_token=token_cb
+                rid=rid,
+                input_ids=input_ids,
+                params=params,
+                on_done=done,
+                on_token=token_cb,
+                images=images,
             )
         )
         try:
@@ -172,10 +184,11 @@ class ServerState:
             raise ConfigError(
                 "stream=true needs one prompt given as input_ids (no batches, no text)."
             )
-        if req.input_embeds is not None or req.image_data is not None or req.lora_path is not None:
+        if req.input_embeds is not None or req.lora_path is not None:
             raise ConfigError(
-                "input_embeds, image_data and lora_path are not supported by the embedded server."
+                "input_embeds and lora_path are not supported by the embedded server."
             )
+        images = self.images(req)
         if req.logprob_start_len not in (None, -1) and not isinstance(req.logprob_start_len, list):
             raise ConfigError(
                 "logprob_start_len must be -1: input-token logprobs are not supported."
@@ -211,9 +224,45 @@ class ServerState:
                     return_logprob=bool(lps[i]),
                     skip_special_tokens=sp.skip_special_tokens,
                     no_stop_trim=sp.no_stop_trim,
+                    images=images,
                 )
             )
+        if images is not None:
+            assert self.engine.vision is not None
+            try:
+                self.engine.vision.check_tokens(prompts[0], images)
+            except TokenizationError as e:
+                raise ConfigError(str(e)) from None
         return jobs, single
+
+    def images(self, req: GenerateRequest) -> ImageInputs | None:
+        """The pixels of a request's ``image_data`` (None without images); ConfigError when
+        the model is text-only or the images are not what a single token prompt needs."""
+        data = req.image_data
+        if data is None or data == []:
+            return None
+        vision = self.engine.vision
+        if vision is None:
+            raise ConfigError(
+                "image_data was sent but the served model is text-only; send text-only "
+                "prompts, or serve a vision-language model (e.g. agentrl.tiny.make_tiny_model("
+                "arch='qwen2_vl'))."
+            )
+        if req.input_ids is None or (req.input_ids and not isinstance(req.input_ids[0], int)):
+            raise ConfigError(
+                "image_data needs one prompt given as input_ids (no batches, no text), with "
+                "each image's placeholder already expanded."
+            )
+        urls = [data] if isinstance(data, str) else data
+        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+            raise ConfigError(
+                "image_data must be a list of image data URLs ('data:image/png;base64,...'), "
+                "one per image placeholder in input_ids, in order."
+            )
+        try:
+            return vision.pixels(urls)
+        except TokenizationError as e:
+            raise ConfigError(str(e)) from None
 
     def respond(self, job: Job, res: RunnerResult, latency: float) -> dict[str, object]:
         text = str(
@@ -241,7 +290,9 @@ async def _stream_generate(state: ServerState, job: Job, start: float) -> AsyncI
     output ids so far (cumulative); the last one is the whole answer, then ``[DONE]``."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[int | None] = asyncio.Queue()
-    task = asyncio.create_task(state.run(job.rid, job.input_ids, job.params, queue.put_nowait))
+    task = asyncio.create_task(
+        state.run(job.rid, job.input_ids, job.params, queue.put_nowait, images=job.images)
+    )
     task.add_done_callback(lambda _t: queue.put_nowait(None))
     ids: list[int] = []
     try:
@@ -302,7 +353,8 @@ def build_app(
                 headers={"Cache-Control": "no-cache"},
             )
         if len(jobs) == 1:
-            results = [await state.run(jobs[0].rid, jobs[0].input_ids, jobs[0].params)]
+            j = jobs[0]
+            results = [await state.run(j.rid, j.input_ids, j.params, images=j.images)]
         else:
             results = await asyncio.gather(*(state.run(j.rid, j.input_ids, j.params) for j in jobs))
         failed = next((r.error for r in results if r.error), None)

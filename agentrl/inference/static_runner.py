@@ -28,9 +28,11 @@ between steps, and the forward reads the model's own parameters, so the next ste
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -639,6 +641,15 @@ def build_runner(cfg: ModelRunner.Config) -> ModelRunner:
     if cfg.engine == "dynamic":
         return ModelRunner(cfg)
     if cfg.engine == "static":
+        from agentrl.vision import VISION_MODEL_TYPES
+
+        config = Path(cfg.model) / "config.json"
+        kind = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+        if kind in VISION_MODEL_TYPES:
+            raise ConfigError(
+                f"the static engine serves text-only decoders; {cfg.model} is a vision-language "
+                f"model ({kind}): serve it with --engine dynamic (or auto)."
+            )
         return StaticRunner(cfg)
     if cfg.engine != "auto":
         raise ConfigError(f"engine must be auto, static or dynamic, got {cfg.engine!r}.")

@@ -54,13 +54,20 @@ class SupervisedClient(InferenceClient):
         return self
 
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+        images: Sequence[str] = (),
     ) -> Completion:
         while True:
             seen = self.admissions
             if self.urls:
                 try:
-                    return await super().generate(input_ids, sampling, session_id=session_id)
+                    return await super().generate(
+                        input_ids, sampling, session_id=session_id, images=images
+                    )
                 except ServerUnavailableError:
                     if self.waiter is None:
                         raise

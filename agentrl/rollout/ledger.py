@@ -12,6 +12,11 @@ Two modes, chosen once per chat template:
   starts a new segment whose prompt is a fresh full render of the conversation so far, so
   every segment is exactly what the model saw when it generated that completion.
 
+Images (a vision-language template, ``ChatTemplate.vision``): the image parts of the messages a
+prompt adds become their placeholder tokens, expanded to each image's token count, and their
+URLs are appended to ``Segment.images`` in the same order; ``prompt_images()`` is what the
+model request must carry with the ids. A text-only template refuses image parts.
+
 ``new_segment()`` starts a fresh segment on purpose (sub-agents, context compaction). The
 ledger remembers how many messages each segment covers, so ``check`` can compare every
 segment with a full render of the conversation prefix it stands for.
@@ -46,6 +51,7 @@ class TokenLedger:
     segment_messages: list[int] = field(default_factory=list)  # messages covered, per segment
     completion_messages: list[list[int]] = field(default_factory=list)  # per segment: indices
     raw_segments: set[int] = field(default_factory=set)
+    refused: tuple[int, int] | None = None  # (tokens, image tokens) of the prompt last refused
     _open: _Open | None = None
 
     @classmethod
@@ -80,8 +86,15 @@ class TokenLedger:
             ids = self.template.delta_ids(
                 messages[:done], messages[done:], self.tools, last_completion_ids=o.last_completion
             )
+        urls: list[str] = []
+        if raw_ids is None:
+            urls = self.template.image_urls(messages if fresh or o is None else messages[done:])
+            if urls and self.template.vision is not None:
+                ids = self.template.vision.expand(ids, urls)
         base = 0 if fresh or o is None else len(o.segment)
         if limit is not None and base + len(ids) >= limit:
+            pad = self.template.vision.image_token_id if urls and self.template.vision else -1
+            self.refused = (base + len(ids), ids.count(pad))
             return None
         if fresh or o is None:
             o = self._start()
@@ -90,8 +103,13 @@ class TokenLedger:
         if raw_ids is not None:
             self.raw_segments.add(len(self.segments) - 1)
         o.segment.extend_prompt(ids)
+        o.segment.images.extend(urls)
         self.segment_messages[-1] = len(messages)
         return list(o.segment.token_ids)
+
+    def prompt_images(self) -> list[str]:
+        """The images of the open segment (those the last ``prompt()`` returned ids for)."""
+        return list(self._open.segment.images) if self._open is not None else []
 
     def _start(self) -> _Open:
         seg = Segment()

@@ -103,8 +103,14 @@ class ScriptedGenerator(_Scripted):
         self.token_delay_s = token_delay_s
 
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+        images: Sequence[str] = (),
     ) -> Completion:
+        """The scripted reply; ``images`` are accepted and not looked at."""
         self.calls += 1
         ids, finish = self._forced_ids(await self._text(input_ids), sampling)
         return Completion(
@@ -162,10 +168,20 @@ class TorchGenerator(_Scripted):
         )
 
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+        images: Sequence[str] = (),
     ) -> Completion:
         if not input_ids:
             raise InferenceError("empty prompt")
+        if images:
+            raise InferenceError(
+                "TorchGenerator runs text-only causal LMs; a prompt with images needs the "
+                "embedded server (agentrl serve) with a vision-language model"
+            )
         self.calls += 1
         if self.respond is not None:
             ids, finish = self._forced_ids(await self._text(input_ids), sampling)

@@ -174,5 +174,30 @@ def test_history_window_cuts_old_pages_and_keeps_their_head(template: ChatTempla
 def test_bad_options_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="history_window"):
         GUIAgentLoop(history_window=-1)
-    with pytest.raises(ConfigError, match="not built yet"):
-        GUIAgentLoop(mode="vision")
+    with pytest.raises(ConfigError, match=r"'text'.*'vision'"):
+        GUIAgentLoop(mode="pixels")  # type: ignore[arg-type]
+
+
+def test_vision_mode_keeps_screenshots_and_the_window_cuts_them(template: ChatTemplate) -> None:
+    ctx = GUIContext(
+        sample=Sample(env_id="x"), generator=ScriptedGenerator(template, ["x"]), template=template
+    )
+    ctx.history_window, ctx.mode = 1, "vision"
+
+    def shot(n: int) -> Message:  # observe="screenshot": no element tree, only the image
+        return Message(
+            role="user",
+            content=[
+                {"type": "text", "text": f"Action: click({n})\nURL: u{n}"},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{n}"}},
+            ],
+        )
+
+    [shown] = ctx.observe([shot(0)], "reset")
+    assert shown.content == shot(0).content  # vision mode: the screenshot stays
+    ctx.messages.append(Message(role="assistant", content="click(1)"))
+    ctx.observe([shot(1)], "step")
+    assert ctx.compact() == 1  # 2 pages, window 1: the older one loses its screenshot
+    first, last = (m for m in ctx.messages if m.role == "user")
+    assert first.content == "Action: click(0)\nURL: u0" + ELIDED
+    assert last.content == shot(1).content

@@ -116,6 +116,7 @@ def test_screenshots_past_max_image_mb_become_markers_last_image_first(tmp_path:
         )
     first.report["screenshots"] = [_png_url(40_000, "D")]
     second.report["screenshots"] = [_png_url(40_000, "E")]
+    first.segments[0].images = list(shots)  # a vision model's prompt: the same URLs again
     kept_live = [m.content for m in first.messages]
     cfg = TrajectoryLog.Config(max_image_mb=0.125)  # room for three of the five images
     path = TrajectoryLog(cfg, tmp_path).write(1, gs, scored_batch(gs))
@@ -129,6 +130,10 @@ def test_screenshots_past_max_image_mb_become_markers_last_image_first(tmp_path:
     assert a["report"]["screenshots"][0][22] == "D" and b["report"]["screenshots"][0][22] == "E"
     assert len(markers) == 2 and "KB" in markers[0]
     assert (a["images_dropped"], "images_dropped" in b) == (2, False)
+    # The segment's copies are not written (the cap would not bound them): only their count.
+    assert a["segments"][0]["num_images"] == 3 and "images" not in a["segments"][0]
+    assert len(path.read_text()) < 4 * 40_000  # the three kept images and the text
+    assert first.segments[0].images == shots  # the live segment keeps its images
     # The live trajectory is untouched (the trainer and other writers still hold it).
     assert [m.content for m in first.messages] == kept_live
     assert first.messages[-1].content[1]["image_url"]["url"] == shots[-1]

@@ -16,12 +16,20 @@ position ids restart per sequence; transformers turns those into a block-diagona
 (sdpa/eager, on any device) or varlen kernels (flash attention), as long as no 2-D attention
 mask and no KV cache are passed. Models with logit soft-capping or scaled logits (not plain
 ``lm_head`` projections) are not supported by the chunked projection.
+
+Vision-language models (``agentrl.vision``; Qwen2-VL, loaded with
+``AutoModelForImageTextToText``): a micro-batch whose rows carry images gets their pixels
+(``ScoringPlan.images``, from ``Vision.pixels`` on the rows' data URLs, as the inference
+server computes them) and Qwen2-VL's multimodal rotary positions (``mrope_positions``), and
+runs padded even when ``packed`` is set (packing those positions is not built).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -31,7 +39,8 @@ from torch.utils.checkpoint import checkpoint
 
 from agentrl.batch import TrainBatch
 from agentrl.engine import EngineConfig
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, TrainingError
+from agentrl.vision import VISION_MODEL_TYPES, ImageInputs, Vision, mrope_positions
 
 logger = logging.getLogger(__name__)
 
@@ -107,11 +116,25 @@ class ScoringPlan:
     dest: torch.Tensor  # (M,)
     targets: torch.Tensor  # (M,)
     batch_shape: tuple[int, int]  # (B, T)
+    images: ImageInputs | None = None  # the rows' images, row by row, in placeholder order
 
 
-def plan_scoring(batch: TrainBatch, packed: bool) -> ScoringPlan:
-    """Pair every real token except each sequence's first with the hidden state before it."""
+def plan_scoring(batch: TrainBatch, packed: bool, vision: Vision | None = None) -> ScoringPlan:
+    """Pair every real token except each sequence's first with the hidden state before it.
+
+    Rows with images need the model's ``vision``; such a batch is planned padded."""
     b, t = len(batch), batch.seq_len
+    images = None
+    if batch.has_images:
+        if vision is None:
+            raise TrainingError(
+                "TrainBatch rows carry images but engine.model_path is a text-only model; "
+                "train a vision-language model (agentrl.tiny.make_tiny_model(arch='qwen2_vl'))"
+            )
+        images = vision.pixels([u for row in batch.images for u in row])
+        vision.check_tokens(batch.input_ids[batch.attention_mask.bool()].tolist(), images)
+        images = images.to(batch.device)
+        packed = False
     if packed:
         pk = batch.pack()
         n = pk.input_ids.shape[1]
@@ -141,6 +164,7 @@ def plan_scoring(batch: TrainBatch, packed: bool) -> ScoringPlan:
         dest=dest,
         targets=ids.reshape(-1)[dest],
         batch_shape=(b, t),
+        images=images,
     )
 
 
@@ -161,12 +185,25 @@ class Scorer(nn.Module):
 
     def _hidden(self, plan: ScoringPlan) -> torch.Tensor:
         base = cast(nn.Module, self.model.base_model)
-        out = base(
-            input_ids=plan.input_ids,
-            attention_mask=plan.attention_mask,
-            position_ids=plan.position_ids,
-            use_cache=False,
-        )
+        if plan.images is not None:
+            positions, _ = mrope_positions(
+                self.model, plan.input_ids, plan.attention_mask, plan.images
+            )
+            out = base(
+                input_ids=plan.input_ids,
+                attention_mask=plan.attention_mask,
+                position_ids=positions,  # (3, B, T)
+                pixel_values=plan.images.pixel_values,
+                image_grid_thw=plan.images.image_grid_thw,
+                use_cache=False,
+            )
+        else:
+            out = base(
+                input_ids=plan.input_ids,
+                attention_mask=plan.attention_mask,
+                position_ids=plan.position_ids,
+                use_cache=False,
+            )
         hidden: torch.Tensor = out.last_hidden_state
         return hidden.reshape(-1, hidden.shape[-1])
 
@@ -193,7 +230,11 @@ class Scorer(nn.Module):
 
 def load_model(config: EngineConfig) -> nn.Module:
     """The HF model for ``config.role``, fp32 master weights, cache off."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
     kwargs: dict[str, Any] = {
         "dtype": torch.float32,
@@ -209,6 +250,8 @@ def load_model(config: EngineConfig) -> nn.Module:
                     f"critic model {type(model).__name__} has no 'score' head; "
                     "use a decoder architecture with a token-classification head"
                 )
+        elif _model_type(config.model_path) in VISION_MODEL_TYPES:
+            model = AutoModelForImageTextToText.from_pretrained(config.model_path, **kwargs)
         else:
             model = AutoModelForCausalLM.from_pretrained(config.model_path, **kwargs)
     except OSError as e:
@@ -226,6 +269,21 @@ def load_model(config: EngineConfig) -> nn.Module:
     else:
         model.train()
     return model
+
+
+def load_vision(config: EngineConfig) -> Vision | None:
+    """The image side of a vision-language ``engine.model_path`` (None for a text model)."""
+    from transformers import AutoTokenizer
+
+    if _model_type(config.model_path) not in VISION_MODEL_TYPES:
+        return None
+    tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+    return Vision.from_pretrained(config.model_path, tokenizer)
+
+
+def _model_type(path: str) -> str:
+    cfg = Path(path) / "config.json"
+    return str(json.loads(cfg.read_text()).get("model_type", "")) if cfg.is_file() else ""
 
 
 def shard(scorer: Scorer, config: EngineConfig, device: torch.device) -> None:

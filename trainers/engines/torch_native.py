@@ -31,8 +31,16 @@ import torch.distributed as dist
 from agentrl.batch import TrainBatch
 from agentrl.engine import Engine, EngineConfig, LossFn, Metrics, MicroBatch
 from agentrl.errors import ConfigError, TrainingError
+from agentrl.vision import Vision
 from trainers.engines import torch_state
-from trainers.engines.torch_model import DTYPES, Scorer, load_model, plan_scoring, shard
+from trainers.engines.torch_model import (
+    DTYPES,
+    Scorer,
+    load_model,
+    load_vision,
+    plan_scoring,
+    shard,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +109,7 @@ class TorchEngine(Engine):
         self._scorer: Scorer | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self._vision: Vision | None = None
         self.device = torch.device("cpu")
         self.world_size, self.rank = 1, 0
 
@@ -140,6 +149,7 @@ class TorchEngine(Engine):
         self.device = self._pick_device()
         torch.manual_seed(self.config.seed)
         model = load_model(self.config)
+        self._vision = load_vision(self.config)
         self._scorer = Scorer(
             model,
             critic=self.config.role == "critic",
@@ -214,7 +224,7 @@ class TorchEngine(Engine):
     def _forward(
         self, mb: TrainBatch, temperature: float, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        plan = plan_scoring(mb, self.config.packed)
+        plan = plan_scoring(mb, self.config.packed, self._vision)
         with self._autocast():
             return self.scorer(plan, temperature, with_entropy)  # type: ignore[no-any-return]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,6 +183,9 @@ def _copy_tokenizer(src: str, dst: Path) -> None:
         AutoTokenizer.from_pretrained(src).save_pretrained(dst)
     except (OSError, ValueError) as e:
         logger.warning("no tokenizer copied from %s to %s: %s", src, dst, e)
+    processor = Path(src) / "preprocessor_config.json"  # a vision-language model's images
+    if processor.is_file():
+        shutil.copyfile(processor, dst / processor.name)
 
 
 def move(engine: TorchEngine, device: torch.device) -> None:

@@ -15,6 +15,7 @@ Dialects hold no connection state; the client owns the ``httpx2.AsyncClient`` an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import httpx2
@@ -48,9 +49,14 @@ class Dialect(ABC):
 
     @abstractmethod
     def request_body(
-        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        return_logprob: bool,
+        *,
+        images: Sequence[str] = (),
     ) -> bytes:
-        """The JSON body of one generate request (token ids in)."""
+        """The JSON body of one generate request (token ids in, with their images' data URLs)."""
 
     def stream_body(
         self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool, rid: str

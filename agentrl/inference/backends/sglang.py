@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +55,12 @@ class SGLangDialect(Dialect):
         self._sp_cache: dict[SamplingParams, dict[str, Any]] = {}
 
     def request_body(
-        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        return_logprob: bool,
+        *,
+        images: Sequence[str] = (),
     ) -> bytes:
         body = {
             "input_ids": input_ids,
@@ -63,6 +69,8 @@ class SGLangDialect(Dialect):
         }
         if sampling.top_logprobs:
             body["top_logprobs_num"] = sampling.top_logprobs
+        if images:  # SGLang's field: one image (URL or base64) per placeholder, in order
+            body["image_data"] = list(images)
         return json.dumps(body, separators=(",", ":")).encode()
 
     def stream_body(

@@ -49,6 +49,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +75,19 @@ class VLLMDialect(Dialect):
         self._sp_cache: dict[tuple[SamplingParams, bool], str] = {}
 
     def request_body(
-        self, input_ids: list[int], sampling: SamplingParams, return_logprob: bool
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        return_logprob: bool,
+        *,
+        images: Sequence[str] = (),
     ) -> bytes:
+        if images:
+            raise InferenceError(
+                "the vllm dialect sends token ids only; a prompt with images needs vLLM's "
+                "multimodal inputs, which agentrl does not send yet (docs/guides/gui.md, "
+                "'vLLM and SGLang'); serve the model with the embedded server or SGLang"
+            )
         sp = self._sp_cache.get((sampling, return_logprob))
         if sp is None:
             sp = self._sampling_json(sampling, return_logprob)
