@@ -16,7 +16,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from omegaconf import OmegaConf
+from omegaconf import ListConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
@@ -75,9 +75,14 @@ def load_config(
     for o in overrides or []:
         if "=" not in o:
             raise ConfigError(f"override {o!r} must look like key=value, e.g. rollout.group_size=8")
-        layers.append((f"override {o!r}", OmegaConf.from_dotlist([o])))
+        layers.append(
+            (o, None) if _indexed(o) else (f"override {o!r}", OmegaConf.from_dotlist([o]))
+        )
     merged = schema
     for source, layer in layers:
+        if layer is None:  # a list entry by index: data.envs.0.kwargs.max_steps=4
+            _update_indexed(merged, source)
+            continue
         try:
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as e:
@@ -90,6 +95,28 @@ def load_config(
     if callable(validate):
         validate()
     return obj  # type: ignore[return-value]
+
+
+def _indexed(override: str) -> bool:
+    return any(part.isdigit() for part in override.partition("=")[0].split("."))
+
+
+def _update_indexed(merged: Any, override: str) -> None:
+    """Apply ``a.b.0.c=value`` in place: the part after a list's key indexes that list."""
+    key, _, rhs = override.partition("=")
+    value = OmegaConf.from_dotlist([f"value={rhs}"]).value
+    try:
+        OmegaConf.update(merged, key, value, merge=True)
+    except (OmegaConfBaseException, IndexError, TypeError) as e:
+        parts = key.split(".")
+        i = next(k for k, part in enumerate(parts) if part.isdigit())
+        node = OmegaConf.select(merged, ".".join(parts[:i]))
+        size = f"it has {len(node)} entries" if isinstance(node, ListConfig) else "not a list"
+        raise ConfigError(
+            f"override {override!r}: {'.'.join(parts[:i])}[{parts[i]}] cannot be set ({size}; "
+            f"{type(e).__name__}: {str(e).splitlines()[0]}). Index an existing entry, or give "
+            f"the whole list, e.g. {'.'.join(parts[:i])}=[{{...}}]"
+        ) from None
 
 
 def to_yaml(cfg: Any) -> str:

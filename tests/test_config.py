@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -51,3 +52,27 @@ def test_validate_runs_and_missing_file_is_clear(tmp_path) -> None:
         load_config(_Run, tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="key=value"):
         load_config(_Run, overrides=["steps"])
+
+
+@dataclass
+class _Entry:
+    id: str = ""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _WithList:
+    envs: list[_Entry] = field(default_factory=list)
+    steps: int = 1
+
+
+def test_an_override_indexes_a_list_entry_in_order(tmp_path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("envs:\n  - {id: a, kwargs: {n: 1, m: 2}}\n  - {id: b}\n")
+    cfg = load_config(_WithList, recipe, ["envs.0.kwargs.n=5", "envs.1.id=c", "steps=2"])
+    assert cfg.envs == [_Entry("a", {"n": 5, "m": 2}), _Entry("c", {})] and cfg.steps == 2
+    # Overrides apply in order: a whole list given later replaces the indexed change.
+    cfg = load_config(_WithList, recipe, ["envs.0.kwargs.n=5", "envs=[{id: z}]"])
+    assert cfg.envs == [_Entry("z", {})]
+    with pytest.raises(ConfigError, match=r"envs\[2\] cannot be set \(it has 2 entries"):
+        load_config(_WithList, recipe, ["envs.2.id=x"])
