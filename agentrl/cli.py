@@ -71,7 +71,7 @@ def model_tiny(
         raise ConfigError(f"--arch must be qwen2, llama or qwen2_vl, got {arch!r}")
     out = make_tiny_model(
         path,
-        arch=arch,  # type: ignore[arg-type]  (checked above)
+        arch=arch,  # type: ignore[arg-type]  # checked above
         hidden_size=hidden_size,
         num_layers=num_layers,
         seed=seed,
