@@ -176,3 +176,14 @@ def test_rollout_fails_when_every_trajectory_failed_in_the_machinery(tmp_path: P
     assert "statuses: error_inference=4" in out.stderr
     assert "no trajectory got past the machinery" in out.stderr
     assert len(load_groups(tmp_path / "t.jsonl")) == 2  # the failures are still written
+
+
+def test_model_tiny_writes_a_vision_language_model_and_refuses_unknown_archs(tmp_path) -> None:
+    out = _cli("model", "tiny", str(tmp_path / "vlm"), "--arch", "qwen2_vl", "--hidden-size", "32")
+    assert out.returncode == 0, out.stderr
+    from agentrl.chat import ChatTemplate
+
+    template = ChatTemplate.from_pretrained(tmp_path / "vlm")
+    assert template.vision is not None and (tmp_path / "vlm" / "preprocessor_config.json").is_file()
+    bad = _cli("model", "tiny", str(tmp_path / "x"), "--arch", "gpt9")
+    assert bad.returncode != 0 and "qwen2_vl" in bad.stderr
