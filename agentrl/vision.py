@@ -44,6 +44,16 @@ IMAGE_PLACEHOLDER = VISION_START + IMAGE_PAD + VISION_END
 VISION_MODEL_TYPES = ("qwen2_vl",)
 
 
+def vision_model_type(path: str | Path) -> str | None:
+    """The ``model_type`` of the vision-language model in HF directory ``path``; None for a
+    text model (or a directory without ``config.json``)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    kind = json.loads(config.read_text()).get("model_type")
+    return kind if kind in VISION_MODEL_TYPES else None
+
+
 def is_image_part(part: object) -> bool:
     return isinstance(part, dict) and part.get("type") in ("image_url", "image")
 
@@ -159,12 +169,8 @@ class Vision:
     @classmethod
     def from_pretrained(cls, path: str | Path, tokenizer: Any) -> Vision | None:
         """The model's image side, or None when ``path`` holds a text-only model."""
-        path = Path(path)
-        config = path / "config.json"
-        if not config.is_file():
-            return None
-        model_type = json.loads(config.read_text()).get("model_type")
-        if model_type not in VISION_MODEL_TYPES:
+        model_type = vision_model_type(path)
+        if model_type is None:
             return None
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
             Qwen2VLImageProcessorPil,

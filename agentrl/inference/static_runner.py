@@ -28,11 +28,9 @@ between steps, and the forward reads the model's own parameters, so the next ste
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -641,11 +639,10 @@ def build_runner(cfg: ModelRunner.Config) -> ModelRunner:
     if cfg.engine == "dynamic":
         return ModelRunner(cfg)
     if cfg.engine == "static":
-        from agentrl.vision import VISION_MODEL_TYPES
+        from agentrl.vision import vision_model_type
 
-        config = Path(cfg.model) / "config.json"
-        kind = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-        if kind in VISION_MODEL_TYPES:
+        kind = vision_model_type(cfg.model)
+        if kind is not None:
             raise ConfigError(
                 f"the static engine serves text-only decoders; {cfg.model} is a vision-language "
                 f"model ({kind}): serve it with --engine dynamic (or auto)."

@@ -26,10 +26,8 @@ runs padded even when ``packed`` is set (packing those positions is not built).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -40,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from agentrl.batch import TrainBatch
 from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError, TrainingError
-from agentrl.vision import VISION_MODEL_TYPES, ImageInputs, Vision, mrope_positions
+from agentrl.vision import ImageInputs, Vision, mrope_positions, vision_model_type
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +248,7 @@ def load_model(config: EngineConfig) -> nn.Module:
                     f"critic model {type(model).__name__} has no 'score' head; "
                     "use a decoder architecture with a token-classification head"
                 )
-        elif _model_type(config.model_path) in VISION_MODEL_TYPES:
+        elif vision_model_type(config.model_path) is not None:
             model = AutoModelForImageTextToText.from_pretrained(config.model_path, **kwargs)
         else:
             model = AutoModelForCausalLM.from_pretrained(config.model_path, **kwargs)
@@ -275,15 +273,10 @@ def load_vision(config: EngineConfig) -> Vision | None:
     """The image side of a vision-language ``engine.model_path`` (None for a text model)."""
     from transformers import AutoTokenizer
 
-    if _model_type(config.model_path) not in VISION_MODEL_TYPES:
+    if vision_model_type(config.model_path) is None:
         return None
     tokenizer = AutoTokenizer.from_pretrained(config.model_path)
     return Vision.from_pretrained(config.model_path, tokenizer)
-
-
-def _model_type(path: str) -> str:
-    cfg = Path(path) / "config.json"
-    return str(json.loads(cfg.read_text()).get("model_type", "")) if cfg.is_file() else ""
 
 
 def shard(scorer: Scorer, config: EngineConfig, device: torch.device) -> None:
