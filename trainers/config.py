@@ -45,6 +45,7 @@ from agentrl.splits import DEFAULT_EVAL_FRACTION, check_fraction
 from agentrl.types import Sample
 from trainers.checkpoint import CheckpointManager
 from trainers.engines.megatron.config import MegatronConfig
+from trainers.rollout_workers import RolloutWorkersConfig
 from trainers.trajectory_log import TrajectoryLog
 
 
@@ -386,6 +387,8 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: CollectorConfig = field(default_factory=CollectorConfig)
+    rollout_workers: RolloutWorkersConfig = field(default_factory=RolloutWorkersConfig)
+    """Ray actors that run the training rollouts (num 0: the driver's own event loop)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -434,6 +437,7 @@ class RunConfig:
         _validate_names(self)
         _validate_algo_options(self)
         _validate_mode(self)
+        self.rollout_workers.validate()
         self.logging.validate()
         self.trajectories.validate()
         self.reward.build_rubric()

@@ -72,6 +72,7 @@ from trainers.checkpoint import (
 )
 from trainers.config import KLConfig, RunConfig
 from trainers.eval import eval_metrics, write_report
+from trainers.rollout_workers import RolloutWorkerPool, WorkerSpec
 from trainers.runtime import (
     exit_on_sigterm,
     pool_config,
@@ -111,6 +112,7 @@ class Trainer:
         self._owns_ray = False
         self.fleet: Fleet | None = None
         self.rollouts: AsyncRollouts | None = None  # one_step_off / async: the producer
+        self.workers: RolloutWorkerPool | None = None  # rollout_workers.num > 0: Ray actors
         self.bound = staleness_bound(cfg.train.mode, cfg.train.max_staleness)
         self.metrics_log: MetricsLogger | None = None
         self.trajectory_log = TrajectoryLog(cfg.trajectories, self.run_dir)
@@ -197,6 +199,8 @@ class Trainer:
         self.fleet.start_beside(self.policy_path, self._build_workers)
         self.rubric = cfg.reward.build_rubric()
         self.collector = self.fleet.collector(cfg.rollout, self.template, rubric=self.rubric)
+        if cfg.rollout_workers.num:
+            self.workers = self._rollout_workers()
         if state is not None:
             self._restore(state)
         if cfg.train.mode != "sync":
@@ -230,6 +234,7 @@ class Trainer:
             self.rollouts.after_sync()  # admission control: the new version may admit a batch
         self.step_done = step  # the data cursor moved in collect() / take()
         metrics |= self.fleet.metrics() if self.fleet is not None else {}
+        metrics |= self.workers.metrics() if self.workers is not None else {}
         counts = StepCounts(
             gen_tokens=self._gen_tokens,
             train_tokens=batch.num_tokens * cfg.train.ppo_epochs,
@@ -287,10 +292,29 @@ class Trainer:
             last_step=self.cfg.train.steps,
             first_sample=self.cursor,
             sample=self.cfg.data.sample,
-            collect=self.collector.collect_ordered,
-            forget=self.fleet.generator.forget,
+            collect=self.workers.collect_ordered
+            if self.workers
+            else self.collector.collect_ordered,
+            forget=self.workers.forget if self.workers else self.fleet.generator.forget,
             version=lambda: self.version,
             loop=self.fleet.loop,
+        )
+
+    def _rollout_workers(self) -> RolloutWorkerPool:
+        """Ray actors running the training rollouts on the fleet's servers (``rollout_workers``)."""
+        fleet, cfg = self.fleet, self.cfg
+        assert fleet is not None and fleet.client is not None
+        client = fleet.client
+        spec = WorkerSpec(
+            rollout=cfg.rollout,
+            reward=cfg.reward,
+            modules=list(cfg.modules),
+            template_path=str(self.policy_path),
+            urls=[f"{dialect}+{url}" for url, dialect in client.all_backends.items()],
+            run_seed=cfg.seed,
+        )
+        return RolloutWorkerPool(
+            cfg.rollout_workers, spec, routable=lambda: client.urls, loop=fleet.loop
         )
 
     def _check_rollouts(self, groups: list[TrajectoryGroup], step: int) -> None:
@@ -348,7 +372,10 @@ class Trainer:
             samples = [self.cfg.data.sample(self.cursor + i) for i in range(n - sampler.num_kept)]
             self.cursor += len(samples)
             assert self.fleet is not None
-            groups = self.fleet.collect(self.collector, samples)
+            if self.workers is not None:
+                groups = self.fleet.run(self.workers.collect_ordered(samples))
+            else:
+                groups = self.fleet.collect(self.collector, samples)
             self._gen_tokens += sum(t.num_generated_tokens for g in groups for t in g.trajectories)
             if not self.cfg.algo.filter_groups:
                 return groups, {}
@@ -647,6 +674,9 @@ class Trainer:
         if self.rollouts is not None:  # in-flight rollouts: cancelled, re-admitted on resume
             self.rollouts.close()
             self.rollouts = None
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
         if self.fleet is not None:  # first: server processes outlive a driver that dies here
             self.fleet.close()
             self.fleet = None

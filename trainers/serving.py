@@ -146,9 +146,13 @@ class SeededCollector(RolloutCollector):
             groups.append(g)
             if on_group is not None:
                 on_group(g)
-        for s in samples:
-            self._members.pop(s.uid, None)
+        self.forget([s.uid for s in samples])
         return sorted(groups, key=lambda g: order[g.uid])
+
+    def forget(self, uids: Sequence[str]) -> None:
+        """Drop the member counters of these samples' groups (their rollouts have ended)."""
+        for uid in uids:
+            self._members.pop(uid, None)
 
 
 class Fleet:
