@@ -316,6 +316,13 @@ class InferenceConfig:
     """Where disk / file weight syncs write (empty: a temp dir, tmpfs when there is one)."""
     bucket_bytes: int = 256 << 20
     """Bytes per weight-sync bucket (HTTP body or file)."""
+    interrupt: str = "off"
+    """What a weight sync does to requests in flight (train.mode one_step_off / async):
+    off: the servers update between two decode steps and the requests go on (the embedded
+    server; vLLM's own sync waits with /pause?mode=keep); abort: the servers are paused with
+    abort, the aborted requests wait, and after the update each asks for the rest of its
+    tokens with its partial tokens appended to its prompt, so the rest is computed (prompt
+    KV included) by the new weights. A trajectory's tokens then span versions either way."""
 
     def sync_path(self) -> str:
         """The weight-sync path ``weight_sync`` resolves to for this backend."""
@@ -324,6 +331,8 @@ class InferenceConfig:
         return {"embedded": "ipc", "vllm": "vllm"}.get(self.backend, "disk")
 
     def validate(self) -> None:
+        if self.interrupt not in ("off", "abort"):
+            raise ConfigError(f"inference.interrupt must be off or abort, got {self.interrupt!r}")
         if self.engine not in ("auto", "static", "dynamic"):
             raise ConfigError(
                 f"inference.engine must be auto, static or dynamic, got {self.engine!r}"

@@ -313,9 +313,11 @@ class Trainer:
             urls=[f"{dialect}+{url}" for url, dialect in client.all_backends.items()],
             run_seed=cfg.seed,
         )
-        return RolloutWorkerPool(
+        pool = RolloutWorkerPool(
             cfg.rollout_workers, spec, routable=lambda: client.urls, loop=fleet.loop
         )
+        fleet.interrupt_hooks.append((pool.begin_interrupt, pool.end_interrupt))
+        return pool
 
     def _check_rollouts(self, groups: list[TrajectoryGroup], step: int) -> None:
         """Warn when too many rollouts of a step failed in the machinery; stop when it persists.

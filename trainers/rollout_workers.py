@@ -64,6 +64,7 @@ logger = logging.getLogger(__name__)
 WORKERS_ALIVE = "rollout_workers/alive"
 RETRIED_GROUPS = "rollout_workers/retried_groups"
 FAILED_GROUPS = "rollout_workers/failed_groups"
+RESUMED_REQUESTS = "rollout_workers/resumed_requests"
 
 
 @dataclass(kw_only=True)
@@ -154,6 +155,16 @@ class RolloutWorker:
             else:
                 self.client.drain(url)
 
+    async def begin_interrupt(self) -> None:
+        """The driver is about to pause the servers with abort (``inference.interrupt``)."""
+        self.client.begin_interrupt()
+
+    async def end_interrupt(self) -> int:
+        """The servers serve the new weights: held requests go on. Returns how many requests
+        went on from partial tokens so far."""
+        self.client.end_interrupt()
+        return self.client.resumed_requests
+
     async def where(self) -> dict[str, Any]:
         """The node and process this worker runs in (for logs and tests)."""
         import os
@@ -196,7 +207,7 @@ class RolloutWorkerPool:
         self._routable = routable
         collector = spec.rollout
         self.max_groups = cfg.max_groups or -(-collector.max_concurrency // collector.group_size)
-        remote = ray.remote(worker_cls).options(  # type: ignore[attr-defined]
+        remote: Any = ray.remote(worker_cls).options(  # type: ignore[attr-defined]
             num_cpus=cfg.num_cpus,
             resources=dict(cfg.resources) or None,
             max_restarts=cfg.max_restarts,
@@ -207,6 +218,7 @@ class RolloutWorkerPool:
         self._told: list[str] | None = None
         self.retried = 0
         self.failed = 0
+        self.resumed = 0  # the workers' requests resumed after interrupts (last reported)
         self._watch: asyncio.Task[None] | None = None
         self.placement = self.loop.run_until_complete(self._start())
 
@@ -326,14 +338,29 @@ class RolloutWorkerPool:
             worker.busy -= 1
             self._free.notify()
 
+    # ------------------------------------------------------------------ interrupts
+    async def begin_interrupt(self) -> None:
+        """Every worker's client holds aborted requests (before the servers pause)."""
+        await asyncio.gather(
+            *(w.actor.begin_interrupt.remote() for w in self.workers), return_exceptions=True
+        )
+
+    async def end_interrupt(self) -> None:
+        out = await asyncio.gather(
+            *(w.actor.end_interrupt.remote() for w in self.workers), return_exceptions=True
+        )
+        self.resumed = sum(n for n in out if isinstance(n, int))
+
     # ------------------------------------------------------------------ metrics and close
     def metrics(self) -> dict[str, float]:
         """``rollout_workers/*``: workers whose last group did not die with them, groups run
-        again and groups lost (the last two counted over the run)."""
+        again, groups lost, and requests that went on from their partial tokens after an
+        interrupting sync (the last three counted over the run)."""
         return {
             WORKERS_ALIVE: float(sum(not w.failed for w in self.workers)),
             RETRIED_GROUPS: float(self.retried),
             FAILED_GROUPS: float(self.failed),
+            RESUMED_REQUESTS: float(self.resumed),
         }
 
     def close(self) -> None:

@@ -24,12 +24,13 @@ carries (uid, member) from the collector's task to the generate calls inside it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TypeVar
@@ -187,6 +188,9 @@ class Fleet:
         self._last: tuple[Mapping[str, torch.Tensor], int] | None = None
         self._sync_lock = asyncio.Lock()  # one push at a time: a sync or a rejoin
         self._watch: asyncio.Task[None] | None = None
+        self.interrupt_hooks: list[tuple[Callable[[], Awaitable[None]], ...]] = []
+        """(begin, end) coroutines run around each interrupting sync (``inference.interrupt``),
+        for clients in other processes (rollout workers)."""
 
     @classmethod
     def for_run(cls, cfg: RunConfig, log_dir: Path) -> Fleet:
@@ -360,17 +364,18 @@ class Fleet:
         async with self._sync_lock:
             self._last = (named, version)
             await supervisor.check()
-            try:
-                await self._push(named, version)
-            except InferenceError:
-                if not await supervisor.confirm_failure():
-                    raise
-                logger.warning(
-                    "a server died during the sync to version %d; pushing again to %s",
-                    version,
-                    sorted(client.backends),
-                )
-                await self._push(named, version)
+            async with self._interrupted(version):
+                try:
+                    await self._push(named, version)
+                except InferenceError:
+                    if not await supervisor.confirm_failure():
+                        raise
+                    logger.warning(
+                        "a server died during the sync to version %d; pushing again to %s",
+                        version,
+                        sorted(client.backends),
+                    )
+                    await self._push(named, version)
             targets = client.backends
             if not targets:
                 return
@@ -387,6 +392,31 @@ class Fleet:
                 raise InferenceError(
                     f"servers report weight versions {stale} after a sync to {version}"
                 )
+
+    @contextlib.asynccontextmanager
+    async def _interrupted(self, version: int) -> AsyncIterator[None]:
+        """``inference.interrupt: abort``: around the push, the clients (this one and the
+        ``interrupt_hooks``, e.g. rollout workers) hold aborted requests, and the servers are
+        paused with abort; afterwards they resume and the held requests ask for the rest of
+        their tokens (``InferenceClient.begin_interrupt``)."""
+        client, _, _ = self._parts()
+        if self.cfg.interrupt != "abort" or not client.backends:
+            yield
+            return
+        client.begin_interrupt()
+        for hooks in self.interrupt_hooks:
+            await hooks[0]()
+        try:
+            await client.pause("abort")
+            yield
+        finally:
+            try:
+                await client.resume()
+            except InferenceError as e:  # a server died meanwhile: the supervisor restarts it
+                logger.warning("resuming the servers after the sync to %d: %s", version, e)
+            client.end_interrupt()
+            for hooks in self.interrupt_hooks:
+                await hooks[1]()
 
     async def _push(self, named: Mapping[str, torch.Tensor], version: int) -> None:
         client, sync, _ = self._parts()
@@ -442,13 +472,16 @@ class Fleet:
 
     def metrics(self) -> dict[str, float]:
         """``inference/server_restarts`` and friends (zeros before start);
-        ``inference/request_failovers``: requests retried on another server (run total)."""
+        ``inference/request_failovers``: requests retried on another server (run total);
+        ``inference/resumed_requests``: requests of this process aborted by an interrupting
+        sync that went on from their partial tokens (run total; ``inference.interrupt``)."""
         if self.supervisor is None:
             return {}
         return {
             **self.supervisor.metrics(),
             "inference/servers_routable": float(len(self.client.urls) if self.client else 0),
             "inference/request_failovers": float(self.client.failovers if self.client else 0),
+            "inference/resumed_requests": float(self.client.resumed_requests if self.client else 0),
         }
 
     def wait_for_servers(self, timeout_s: float = 600.0) -> None:

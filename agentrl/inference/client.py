@@ -37,6 +37,8 @@ server (it is retried elsewhere).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -137,6 +139,11 @@ class InferenceClient:
         self.admissions = 0
         """How many times a drained server was put back (``admit``)."""
         self.failovers = 0
+        self._interrupts = 0  # begin_interrupt() calls so far
+        self._resumed = asyncio.Event()  # clear while an interrupt is under way
+        self._resumed.set()
+        self.resumed_requests = 0
+        """Requests aborted by an interrupt that went on from their partial tokens."""
         """How many requests failed on a server and were retried on another."""
         limits = httpx2.Limits(
             max_connections=self.cfg.max_connections,
@@ -208,6 +215,52 @@ class InferenceClient:
         *,
         session_id: str | None = None,
         images: Sequence[str] = (),
+    ) -> Completion:
+        if not self._resumed.is_set():  # an interrupt is under way: start after it
+            await self._resumed.wait()
+        interrupts = self._interrupts
+        done = await self._generate_once(input_ids, sampling, session_id, images)
+        # aborted by an interrupt (a pause around a weight update): go on from its partial
+        # tokens once the interrupt ends, as one completion whose tokens span the versions
+        while done.finish_reason == "abort" and (
+            self._interrupts > interrupts or not self._resumed.is_set()
+        ):
+            await self._resumed.wait()
+            interrupts = self._interrupts
+            left = sampling.max_new_tokens - len(done.output_ids)
+            if left <= 0:
+                done = dataclasses.replace(done, finish_reason="length")
+                break
+            more = await self._generate_once(
+                input_ids + done.output_ids,
+                continuation(sampling, left, len(done.output_ids)),
+                session_id,
+                images,
+            )
+            self.resumed_requests += 1
+            done = join_completions(done, more)
+        return done
+
+    def begin_interrupt(self) -> None:
+        """From now until ``end_interrupt``, a request answered with finish_reason "abort" is
+        not returned: it waits for ``end_interrupt`` and then asks for the rest of its tokens,
+        with the tokens it got appended to its prompt (and the same session, so the same server
+        where it can). The caller then pauses the servers with ``pause("abort")``, updates the
+        weights, ``resume``s them and calls ``end_interrupt``. An abort that began before the
+        interrupt, or for another reason while none is under way, is returned as before."""
+        self._interrupts += 1
+        self._resumed.clear()
+
+    def end_interrupt(self) -> None:
+        """Let the requests aborted by the interrupt go on (see ``begin_interrupt``)."""
+        self._resumed.set()
+
+    async def _generate_once(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        session_id: str | None,
+        images: Sequence[str],
     ) -> Completion:
         server = self._pick(session_id)
         tried: list[_Server] | None = None  # allocated on the first failure only
@@ -532,3 +585,34 @@ class _Retry(Exception):
 def error_text(event: dict[str, Any]) -> str:
     err = event.get("error")
     return str(err.get("message", err)) if isinstance(err, dict) else str(err)
+
+
+def continuation(sampling: SamplingParams, left: int, done: int) -> SamplingParams:
+    """The sampling of the rest of a request interrupted after ``done`` tokens: ``left`` more
+    tokens, and a seed of its own (a seeded request would otherwise draw its first random
+    numbers again)."""
+    seed = sampling.seed
+    if seed is not None:
+        digest = hashlib.blake2b(f"{seed}|{done}".encode(), digest_size=8).digest()
+        seed = int.from_bytes(digest, "little") & ((1 << 63) - 1)
+    return dataclasses.replace(sampling, max_new_tokens=left, seed=seed)
+
+
+def join_completions(first: Completion, rest: Completion) -> Completion:
+    """``first`` (interrupted) followed by ``rest``: one completion whose per-token versions
+    say which weights made each token."""
+    versions = first.output_versions or [first.weight_version] * len(first.output_ids)
+    more = rest.output_versions or [rest.weight_version] * len(rest.output_ids)
+    top = None
+    if first.output_top_logprobs is not None and rest.output_top_logprobs is not None:
+        top = first.output_top_logprobs + rest.output_top_logprobs
+    return dataclasses.replace(
+        rest,
+        output_ids=first.output_ids + rest.output_ids,
+        output_logprobs=first.output_logprobs + rest.output_logprobs,
+        output_versions=versions + more,
+        output_top_logprobs=top,
+        prompt_tokens=first.prompt_tokens,
+        cached_tokens=first.cached_tokens,
+        latency_s=first.latency_s + rest.latency_s,
+    )

@@ -194,3 +194,30 @@ async def test_weight_sync_changes_outputs_to_the_new_weights(
     assert max_diff(on_a, teacher_forced(model_a, PROMPT, on_a.output_ids, 0.0)) < PARITY_ATOL
     assert on_a.output_ids == before.output_ids
     assert report.matched > 0 and report.version == 3
+
+
+async def test_interrupted_request_goes_on_from_its_partial_tokens(
+    vllm_server: Any, vllm_model: Path
+) -> None:
+    """``begin_interrupt`` + ``/pause?mode=abort`` + ``/resume`` + ``end_interrupt``: the
+    aborted request asks for the rest of its tokens with its partial ones appended to its
+    prompt, and the caller gets one completion of the full length whose logprobs match a
+    teacher-forced forward of the whole (tried at a few delays until the pause lands
+    mid-generation, as above)."""
+    sp = SamplingParams(max_new_tokens=1900, temperature=0)
+    async with InferenceClient([vllm_server.client_url]) as client:
+        for delay_s in (0.2, 0.05, 0.01, 0.5):
+            task = asyncio.create_task(client.generate(PROMPT, sp))
+            await asyncio.sleep(delay_s)
+            client.begin_interrupt()
+            await client.pause("abort")
+            await asyncio.sleep(0.1)
+            await client.resume()
+            client.end_interrupt()
+            done = await task
+            if client.resumed_requests:
+                break
+    assert client.resumed_requests == 1, "no pause landed mid-generation"
+    assert done.finish_reason == "length" and len(done.output_ids) == 1900
+    ref = teacher_forced(hf_model(vllm_model), PROMPT, done.output_ids, 0.0)
+    assert max_diff(done, ref) < PARITY_ATOL

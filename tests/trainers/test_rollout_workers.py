@@ -10,7 +10,8 @@ CPUs, so only the rollout workers (which ask for that resource) can be placed on
   dies on every attempt gives a group of ``aborted`` members, never a missing group.
 - ``sync`` with two workers on the second node trains exactly what ``sync`` on the driver
   trains (the request seeds depend only on the sample, not on the process), and ``async`` with
-  the workers there stays within its staleness bound with every step's samples trained.
+  the workers there (and ``inference.interrupt: abort``, whose pauses the workers' clients
+  must hold through) stays within its staleness bound with every step's samples trained.
 
 The two end-to-end runs take 2-4 minutes on 2 cores: ``slow``.
 """
@@ -167,7 +168,9 @@ def test_a_group_whose_worker_always_dies_comes_back_aborted(
         (group,) = loop.run_until_complete(pool.collect_ordered([_sample(0, tmp_path / "m")]))
         assert group.uid == "s0" and len(group.trajectories) == 3
         assert all(t.status is RolloutStatus.ABORTED for t in group.trajectories)
-        assert all("rollout worker died on every attempt" in (t.error or "") for t in group.trajectories)
+        assert all(
+            "rollout worker died on every attempt" in (t.error or "") for t in group.trajectories
+        )
         assert pool.metrics()["rollout_workers/failed_groups"] == 1.0
     finally:
         pool.close()
@@ -243,13 +246,17 @@ def test_workers_on_a_second_node_train_what_the_driver_trains(
 
 
 @pytest.mark.slow
-def test_async_with_workers_on_a_second_node_stays_in_bound(
-    two_nodes: Any, tmp_path: Path
-) -> None:
+def test_async_with_workers_on_a_second_node_stays_in_bound(two_nodes: Any, tmp_path: Path) -> None:
     rows, placement = _train(
-        tmp_path, "async", "train.mode=async", "train.max_staleness=1", *ON_NODE
+        tmp_path,
+        "async",
+        "train.mode=async",
+        "train.max_staleness=1",
+        "inference.interrupt=abort",  # the workers' clients hold aborted requests at each sync
+        *ON_NODE,
     )
     assert {p["node_id"] for p in placement} == {two_nodes.node_id}
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert max(r["async/staleness_max"] for r in rows) <= 1
     assert [r["train/data_cursor"] for r in rows] == [2.0, 4.0, 6.0]  # every sample, once
+    assert all(r["rollout_workers/resumed_requests"] >= 0 for r in rows)  # the workers answered
