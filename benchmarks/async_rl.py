@@ -3,6 +3,8 @@
     python benchmarks/async_rl.py [--workload quickstart|longtail] [--device cpu|cuda]
                                   [--steps 8] [--seeds 0 1] [--max-staleness 2] [--batch-size 4]
                                   [--sft-steps 250] [--latency-scale 1.0] [--smoke]
+                                  [--modes sync,one_step_off,async] [--rollout-workers N]
+                                  [--set KEY=VALUE ...]
 
 Workloads: ``quickstart`` trains recipes/quickstart.yaml (arith/Calculator-v0: two turns, no
 tool latency); ``longtail`` trains recipes/async_longtail.yaml, the issue's workload: the same
@@ -10,6 +12,9 @@ task as bench/LongTail-v0 (envs/longtail.py), where each task needs k calculator
 latency_s each, both drawn per task from seeded long-tailed distributions (turns p50 3 / p90 6,
 wait per call p50 0.05 s / p90 0.2 s; ``--latency-scale`` multiplies the waits).
 ``--device cuda`` puts the trainer and the embedded server on the GPU (bfloat16).
+
+``--rollout-workers N`` runs every mode's rollouts in N Ray actors (``rollout_workers.num``)
+instead of the driver's event loop; ``--set`` passes a recipe override to every mode.
 
 Each mode trains for ``--steps`` RL steps of ``--batch-size`` groups (the same trained
 samples), in one invocation, one seed after another, all with the same rollout concurrency
@@ -91,7 +96,10 @@ def _overrides(args: argparse.Namespace, out: Path, name: str, seed: int) -> lis
         kw = f"max_calls: {args.max_calls}, latency_scale: {args.latency_scale}"
         out_ += [f"data.envs=[{{id: {env}, kwargs: {{{kw}}}}}]"]
         out_ += [f"rollout.max_turns={args.max_calls + 2}"]
-    return out_ + (CUDA if args.device == "cuda" else []) + (SMOKE if args.smoke else [])
+    if args.rollout_workers:
+        out_ += [f"rollout_workers.num={args.rollout_workers}"]
+    out_ += (CUDA if args.device == "cuda" else []) + (SMOKE if args.smoke else [])
+    return out_ + list(args.set)
 
 
 def run_mode(args: argparse.Namespace, out: Path, mode: list[str], seed: int) -> dict[str, Any]:
@@ -162,12 +170,33 @@ def main() -> None:
         "--latency-scale", type=float, default=1.0, help="longtail: multiplies each tool wait"
     )
     p.add_argument("--smoke", action="store_true", help="a 1-layer model, groups of 2: a check")
+    p.add_argument("--modes", default=",".join(MODES), help="which of sync,one_step_off,async")
+    p.add_argument(
+        "--rollout-workers",
+        type=int,
+        default=0,
+        help="every mode's rollouts in this many Ray actors (rollout_workers.num; 0: the driver)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override for every mode (repeatable), e.g. inference.capture_graphs=eager",
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    wanted = args.modes.split(",")
+    if "sync" not in wanted or "async" not in wanted or set(wanted) - set(MODES):
+        p.error(f"--modes must name sync and async (and may name one_step_off), got {args.modes}")
     modes = [
-        [],
-        ["train.mode=one_step_off"],
-        ["train.mode=async", f"train.max_staleness={args.max_staleness}"],
+        m
+        for m in (
+            [],
+            ["train.mode=one_step_off"],
+            ["train.mode=async", f"train.max_staleness={args.max_staleness}"],
+        )
+        if (m[0].split("=")[1] if m else "sync") in wanted
     ]
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="async_rl_") as tmp:
@@ -185,14 +214,15 @@ def main() -> None:
                     ),
                     flush=True,
                 )
-    by = {m: [r for r in results if r["mode"] == m] for m in MODES}
+    by = {m: [r for r in results if r["mode"] == m] for m in MODES if m in wanted}
     sync = by["sync"]
     base = statistics.fmean(r["wall_s"] for r in sync)
     bound = statistics.fmean(r["wall_s"] / max(r["generate_s"], r["train_busy_s"]) for r in sync)
     sync_rew, sync_se = _mean_se([r["reward_last20"] for r in sync])
     print(
         f"workload {args.workload} on {args.device}, seeds {args.seeds}, {args.steps} steps of "
-        f"{args.batch_size} groups, async max_staleness {args.max_staleness}"
+        f"{args.batch_size} groups, async max_staleness {args.max_staleness}, rollout workers "
+        f"{args.rollout_workers or 'none (the driver)'}, overrides {args.set or 'none'}"
     )
     for m, rs in by.items():
         wall = statistics.fmean(r["wall_s"] for r in rs)

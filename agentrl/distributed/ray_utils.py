@@ -57,6 +57,9 @@ def init_ray_local(
     _quiet_token_auth_notice()
     with single_machine_mode():
         ray.init(
+            # a new instance even when a `ray start` cluster runs on this machine (ray.init()
+            # would connect to it, and refuse num_cpus)
+            address="local",
             _node_ip_address=LOOPBACK,
             include_dashboard=False,
             num_cpus=num_cpus,
