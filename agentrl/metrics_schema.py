@@ -37,6 +37,9 @@ rollouts, GPU generation, more nodes - adds phases and keys here, never a second
 ``async/buffer_groups``, ``async/in_flight_groups``
     When the step took its batch: finished groups waiting for a later step (the buffer's
     depth), and groups still generating.
+``async/overlap_s``
+    How long of the step's training (logprobs, advantages, update: the trainer's side) some
+    rollout of a later batch was generating meanwhile: the overlap that the mode buys.
 ``async/trainer_wait_s``, ``async/generation_idle_s``
     The trainer's idle time (waiting for its batch; also ``timing/generate_s``) and the time
     since the last step in which no rollout was in flight (generation idle, e.g. held back by
@@ -59,6 +62,7 @@ __all__ = [
     "GEN_TOKENS",
     "GEN_TOKENS_PER_S",
     "IN_FLIGHT_GROUPS",
+    "OVERLAP_S",
     "PHASES",
     "SAMPLES_PER_S",
     "STALENESS_MAX",
@@ -90,6 +94,7 @@ BUFFER_GROUPS = "async/buffer_groups"
 IN_FLIGHT_GROUPS = "async/in_flight_groups"
 TRAINER_WAIT_S = "async/trainer_wait_s"
 GENERATION_IDLE_S = "async/generation_idle_s"
+OVERLAP_S = "async/overlap_s"
 
 
 def staleness_frac_key(k: int) -> str:

@@ -6,6 +6,7 @@
                              one_step_off  version >= s - 2 and step s-1's batch has finished
         next_batch(s)      wait for step s's groups (every admitted rollout progresses meanwhile)
         overlap(fn)        the trainer's work in a thread while the loop keeps generating
+                           (overlap_s: how long of it some rollout was in flight)
         after_sync()       the version moved: admit what it now allows
         drain(timeout_s)   Ctrl-C: admit nothing more; next_batch of an admitted step waits
                            until the deadline, then raises DrainTimeout
@@ -108,6 +109,7 @@ class AsyncRollouts:
         self._idle_s = 0.0
         self._closed = False
         self._drain_deadline: float | None = None  # set by drain(): Ctrl-C
+        self.overlap_s = 0.0  # the last overlap(): seconds of it with rollouts in flight
 
     # ------------------------------------------------------------------ admission
     def admissible(self, step: int) -> bool:
@@ -211,8 +213,18 @@ class AsyncRollouts:
         }
 
     def overlap(self, fn: Callable[[], T]) -> T:
-        """``fn()`` in a worker thread while the event loop keeps the admitted rollouts going."""
-        return self.loop.run_until_complete(asyncio.to_thread(fn))
+        """``fn()`` in a worker thread while the event loop keeps the admitted rollouts going.
+        ``overlap_s`` is then how long of it some rollout was in flight."""
+        start, idle = time.perf_counter(), self._idle_now()
+        try:
+            return self.loop.run_until_complete(asyncio.to_thread(fn))
+        finally:
+            self.overlap_s = time.perf_counter() - start - (self._idle_now() - idle)
+
+    def _idle_now(self) -> float:
+        """Generation idle time since the last ``next_batch``, up to now."""
+        open_s = time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
+        return self._idle_s + open_s
 
     def after_sync(self) -> None:
         """A new weight version is on the servers: admit what it allows (rollouts start when

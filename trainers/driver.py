@@ -53,7 +53,7 @@ from agentrl.distributed.traffic import TRAFFIC
 from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError, TrainingError
 from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress, read_jsonl
-from agentrl.metrics_schema import StepCounts, step_metrics
+from agentrl.metrics_schema import OVERLAP_S, StepCounts, step_metrics
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.types import TrajectoryGroup
 from trainers.async_rollout import (
@@ -224,6 +224,7 @@ class Trainer:
         if self.rollouts is not None:  # raises if a token is older than the bound
             metrics |= staleness_metrics(batch.versions, batch.loss_mask, self.version, self.bound)
             metrics |= self.rollouts.overlap(lambda: self.learn(step, groups, batch))
+            metrics[OVERLAP_S] = self.rollouts.overlap_s
         else:
             metrics |= self.learn(step, groups, batch)
         if self.ref is not None:  # the coefficient of the next step (adaptive controller)

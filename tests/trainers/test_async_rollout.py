@@ -12,6 +12,7 @@ import asyncio
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -296,3 +297,31 @@ def test_an_update_between_request_and_response_is_tagged_per_token(
     assert m["async/staleness_max"] == span
     with pytest.raises(TrainingError):
         staleness_metrics(batch.versions, batch.loss_mask, server.version, bound=span - 1)
+
+
+def test_overlap_counts_only_the_time_rollouts_were_in_flight() -> None:
+    """``overlap_s``: of a training call, the part during which a later batch generated."""
+    import time
+
+    loop = asyncio.new_event_loop()
+    sim = _Sim(gen_s=0.0)
+    sim.version = 10  # every batch admissible
+    rollouts = _producer(sim, loop, "async", 6)
+
+    async def slow(samples: Sequence[Sample], on_group: Any = None) -> list[TrajectoryGroup]:
+        await asyncio.sleep(0.3)  # every batch generates for 0.3 s, all at once
+        groups = [_group(s, [10]) for s in samples]
+        for g in groups:
+            on_group(g)
+        return groups
+
+    rollouts._collect = slow
+    try:
+        rollouts.admit()
+        rollouts.overlap(lambda: time.sleep(0.6))  # rollouts ran for the first 0.3 s of it
+        assert 0.2 < rollouts.overlap_s < 0.45
+        rollouts.overlap(lambda: time.sleep(0.3))  # nothing in flight any more
+        assert rollouts.overlap_s < 0.05
+    finally:
+        rollouts.close()
+        loop.close()
