@@ -52,6 +52,7 @@ from agentrl.distributed import ResourcePool, ShardCache, Worker, WorkerGroup
 from agentrl.distributed.traffic import TRAFFIC
 from agentrl.engine import EngineConfig
 from agentrl.errors import ConfigError, TrainingError
+from agentrl.gpu_env import apply_to_this_process
 from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress, read_jsonl
 from agentrl.metrics_schema import OVERLAP_S, StepCounts, step_metrics
 from agentrl.rollout.collector import RolloutCollector
@@ -189,6 +190,7 @@ class Trainer:
         cfg = self.cfg
         state = self._prepare_run_dir()
         seed_everything(cfg.seed)
+        apply_to_this_process()  # NVLink multicast off here too (agentrl.gpu_env)
         self._owns_ray = start_ray(cfg.train.num_cpus)
         exit_on_sigterm()  # after ray.init, which installs its own handler
         self.policy_path = warm_up(cfg, num_threads=threads_per_rank(cfg))

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.errors import ConfigError, TrainingError
+from agentrl.gpu_env import actor_runtime_env
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import RolloutStatus, Sample, Trajectory, TrajectoryGroup
 
@@ -211,6 +212,7 @@ class RolloutWorkerPool:
             num_cpus=cfg.num_cpus,
             resources=dict(cfg.resources) or None,
             max_restarts=cfg.max_restarts,
+            runtime_env=actor_runtime_env(),
             max_concurrency=max(2 * self.max_groups + 8, 16),
         )
         self.workers = [_Handle(remote.remote(spec)) for _ in range(cfg.num)]
@@ -307,6 +309,7 @@ class RolloutWorkerPool:
                 )
                 if attempt < self.cfg.max_retries:
                     self.retried += 1
+                    await asyncio.sleep(0.5 * (attempt + 1))  # room for Ray to restart it
             except ray.exceptions.RayTaskError as e:  # raised inside the worker: what it was
                 raise e.as_instanceof_cause() from None
             except asyncio.CancelledError:

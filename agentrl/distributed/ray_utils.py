@@ -30,6 +30,8 @@ from contextlib import contextmanager
 
 import ray
 
+from agentrl.gpu_env import actor_runtime_env, apply_to_this_process
+
 logger = logging.getLogger(__name__)
 
 _SHOWN = ("CPU", "GPU", "memory", "object_store_memory")
@@ -56,7 +58,10 @@ def init_ray_local(
     os.environ.setdefault("RAY_SCHEDULER_EVENTS", "0")
     _quiet_token_auth_notice()
     with single_machine_mode():
+        apply_to_this_process()
         ray.init(
+            # every worker of this job: NVLink multicast off (agentrl.gpu_env)
+            runtime_env=actor_runtime_env(),
             # a new instance even when a `ray start` cluster runs on this machine (ray.init()
             # would connect to it, and refuse num_cpus)
             address="local",

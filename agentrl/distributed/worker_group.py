@@ -80,6 +80,7 @@ from agentrl.distributed.worker import (
     WorkerHost,
 )
 from agentrl.errors import ConfigError, ResourceUnavailableError, WorkerTimeoutError
+from agentrl.gpu_env import actor_runtime_env
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class WorkerGroup(Generic[W]):
         host = _remote_host()
         for rank in range(self.world_size):
             options = self.pool.actor_options(rank, self.share)
-            handle = host.options(**options).remote(rank)
+            handle = host.options(**options, runtime_env=actor_runtime_env()).remote(rank)
             self._handles.append(handle)
         site = self._site("describe", self.config.start_timeout_s)
         describe = [h.describe.remote(rank == 0) for rank, h in enumerate(self._handles)]

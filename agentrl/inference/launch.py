@@ -27,6 +27,7 @@ from types import TracebackType
 import httpx2
 
 from agentrl.errors import InferenceError
+from agentrl.gpu_env import server_env
 from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
 
 logger = logging.getLogger(__name__)
@@ -141,9 +142,10 @@ class ServerProcess:
         logger.warning("restarting inference server %s (pid %s -> %s)", self.url, old, self.pid)
         self.wait_ready()
 
-    def environment(self) -> dict[str, str] | None:
-        """The child's environment; None inherits ours (backends override this)."""
-        return None
+    def environment(self) -> dict[str, str]:
+        """The child's environment: ours with NVLink multicast off (``gpu_env``); backends
+        add their own variables with ``server_env(theirs)``."""
+        return server_env()
 
     def wait_ready(self) -> None:
         """Poll GET /health until 200; InferenceError (with the log tail) on exit or timeout."""

@@ -119,3 +119,13 @@ def test_health_answers_while_a_method_runs(group: WorkerGroup[EchoWorker], tmp_
     assert not busy.done()
     flag.touch()
     assert busy.result() == [True, True]
+
+
+def test_ranks_have_nvlink_multicast_off(group: WorkerGroup[EchoWorker]) -> None:
+    """Every rank's process environment holds ``agentrl.gpu_env.MULTICAST_OFF`` (issue 27)."""
+    from agentrl.gpu_env import MULTICAST_OFF
+
+    for info in group.whoami():
+        environ = Path(f"/proc/{info['pid']}/environ").read_bytes().split(b"\0")
+        env = dict(e.decode().split("=", 1) for e in environ if b"=" in e)
+        assert {k: env.get(k) for k in MULTICAST_OFF} == MULTICAST_OFF

@@ -86,3 +86,12 @@ def test_join_and_continuation_keep_versions_and_change_the_seed() -> None:
     assert more.max_new_tokens == 8 and more.temperature == 0.5
     assert more.seed is not None and more.seed != 11 and more.seed == continuation(sp, 8, 2).seed
     assert continuation(SamplingParams(max_new_tokens=4), 2, 2).seed is None
+
+
+def test_server_processes_have_nvlink_multicast_off(server: ServerProcess) -> None:
+    """The server's process environment holds ``agentrl.gpu_env.MULTICAST_OFF`` (issue 27)."""
+    from agentrl.gpu_env import MULTICAST_OFF
+
+    items = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+    env = dict(e.decode().split("=", 1) for e in items if b"=" in e)
+    assert {k: env.get(k) for k in MULTICAST_OFF} == MULTICAST_OFF

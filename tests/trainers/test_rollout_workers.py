@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from agentrl.errors import ConfigError
+from agentrl.gpu_env import MULTICAST_OFF
 from agentrl.logging import read_jsonl
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import RolloutStatus, Sample, Trajectory, TrajectoryGroup
@@ -81,9 +82,13 @@ class _DiesOnce:
         self.spec = spec
 
     async def run_group(self, sample: Sample) -> TrajectoryGroup:
-        marker = Path(sample.extra["marker"])
-        if not marker.exists():
-            marker.write_text(str(os.getpid()))
+        try:  # exactly one process wins the marker (two may reach here at once)
+            fd = os.open(sample.extra["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            pass
+        else:
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
             os._exit(1)  # the process dies mid-group, as on an OOM kill
         await asyncio.sleep(0.01)
         members = [
@@ -130,6 +135,11 @@ def _pool(worker_cls: type, **cfg: Any) -> tuple[RolloutWorkerPool, asyncio.Abst
     return pool, loop
 
 
+def _environ(pid: int) -> dict[str, str]:
+    items = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in items if b"=" in e)
+
+
 def _sample(i: int, marker: Path) -> Sample:
     return Sample(env_id="x/Y-v0", uid=f"s{i}", extra={"marker": str(marker)})
 
@@ -141,6 +151,9 @@ def test_a_group_whose_worker_dies_runs_again_once(two_nodes: Any, tmp_path: Pat
     try:
         head = ray.get_runtime_context().get_node_id()
         assert {p["node_id"] for p in pool.placement} == {two_nodes.node_id} != {head}
+        # a cluster started without agentrl's job runtime_env: each actor brings its own
+        for p in pool.placement:
+            assert _environ(p["pid"]) | MULTICAST_OFF == _environ(p["pid"])
         marker = tmp_path / "died"
         seen: list[str] = []
         samples = [_sample(i, marker) for i in range(4)]

@@ -57,6 +57,7 @@ import httpx2
 import torch
 
 from agentrl.errors import InferenceError
+from agentrl.gpu_env import server_env
 from agentrl.inference.backends.base import Dialect, PauseMode, StreamAnswer, call
 from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import Completion, FinishReason, SamplingParams
@@ -293,7 +294,7 @@ class VLLMServer(ServerProcess):
         ]
 
     def environment(self) -> dict[str, str]:
-        return {**os.environ, **vllm_env(), **self.cfg.env}
+        return server_env(vllm_env(), self.cfg.env)
 
     def stop(self) -> None:
         """SIGTERM the server (it stops its engine processes), then SIGKILL what is left."""
