@@ -273,9 +273,10 @@ class InferenceConfig:
     """The inference servers of a run, started on loopback next to the trainer (policy dtype).
 
     backend   servers                     weight_sync (auto ->)   other weight_sync choices
-    embedded  python -m agentrl...server  ipc (shared memory)     tensors (HTTP buckets), disk
+    embedded  python -m agentrl...server  ipc (shared memory)     tensors (HTTP buckets), disk,
+                                                                  distributed (NCCL / gloo)
     vllm      vLLM (``python`` has vllm)  vllm (transfer engine)  disk
-    sglang    sglang.launch_server        disk                    -
+    sglang    sglang.launch_server        disk                    distributed
     """
 
     backend: str = "embedded"
@@ -311,7 +312,11 @@ class InferenceConfig:
     """Engine flags passed verbatim to every vLLM / SGLang server, e.g.
     ['--enforce-eager', '--kv-cache-memory-bytes', '268435456']."""
     weight_sync: str = "auto"
-    """tensors | disk | ipc | vllm | auto (the backend's own, see the table above)."""
+    """tensors | disk | ipc | vllm | distributed | auto (the backend's own, see the table
+    above). distributed: the driver joins a process group with every server (SGLang's
+    init_weights_update_group) and broadcasts each tensor, over NCCL when the policy runs on
+    CUDA and gloo on CPU; a restarted server gets the weights over HTTP (embedded) or from disk
+    (SGLang), and the next sync forms a new group with every server."""
     weights_dir: str = ""
     """Where disk / file weight syncs write (empty: a temp dir, tmpfs when there is one)."""
     bucket_bytes: int = 256 << 20
@@ -354,9 +359,9 @@ class InferenceConfig:
 
 
 _SYNC_PATHS = {
-    "embedded": ("tensors", "disk", "ipc"),
+    "embedded": ("tensors", "disk", "ipc", "distributed"),
     "vllm": ("vllm", "disk"),
-    "sglang": ("disk",),
+    "sglang": ("disk", "distributed"),
 }
 
 

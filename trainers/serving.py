@@ -188,6 +188,7 @@ class Fleet:
         self._last: tuple[Mapping[str, torch.Tensor], int] | None = None
         self._sync_lock = asyncio.Lock()  # one push at a time: a sync or a rejoin
         self._watch: asyncio.Task[None] | None = None
+        self._rejoin_sync: WeightSync | None = None  # weight_sync distributed: HTTP or disk
         self.interrupt_hooks: list[tuple[Callable[[], Awaitable[None]], ...]] = []
         """(begin, end) coroutines run around each interrupting sync (``inference.interrupt``),
         for clients in other processes (rollout workers)."""
@@ -334,6 +335,18 @@ class Fleet:
             return IPCWeightSync(client, base)
         if path == "vllm":
             return VLLMWeightSync(client, VLLMWeightSync.Config(**kw))
+        if path == "distributed":
+            # a broadcast group cannot take a restarted server in: it rejoins by another path
+            self._rejoin_sync = (
+                HTTPTensorWeightSync(client, base)
+                if c.backend == "embedded"
+                else SGLangWeightSync(client, SGLangWeightSync.Config(mode="disk", **kw))
+            )
+            backend = "nccl" if self.device.startswith("cuda") else "gloo"
+            return SGLangWeightSync(
+                client,
+                SGLangWeightSync.Config(mode="distributed", backend=backend, master_port=0, **kw),
+            )
         if c.backend == "sglang":
             return SGLangWeightSync(client, SGLangWeightSync.Config(mode="disk", **kw))
         return DiskWeightSync(client, base)
@@ -430,7 +443,8 @@ class Fleet:
         client, sync, _ = self._parts()
         backend = client.all_backends[url]
         async with self._sync_lock:
-            sync.forget(url)
+            sync.forget(url)  # a broadcast group is dropped: the next sync forms a new one
+            sync = self._rejoin_sync or sync
             if self._last is None:  # never synced: it loaded the model the others started from
                 return await self._same_as_peer(url, backend)
             named, version = self._last
@@ -500,6 +514,8 @@ class Fleet:
         async def disconnect() -> None:
             if self.weight_sync is not None:
                 await self.weight_sync.close()
+            if self._rejoin_sync is not None:
+                await self._rejoin_sync.close()
             if self.client is not None:
                 await self.client.aclose()
 

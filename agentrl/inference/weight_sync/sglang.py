@@ -52,6 +52,7 @@ class SGLangSyncConfig(WeightSyncConfig):
     master_address: str = "127.0.0.1"
     """Where the trainer serves the group's store; servers must reach it."""
     master_port: int = 29555
+    """The store's port; 0: one the OS picks (sent to the servers with each group's init)."""
     group_name: str = "agentrl_weight_sync"
     backend: str = "nccl"
     """``nccl`` (CUDA tensors; SGLang on GPUs) or ``gloo`` (CPU tensors; the embedded server
@@ -173,10 +174,11 @@ class SGLangWeightSync(DiskWeightSync):
         sock = listen_socket(
             c.master_address, c.master_port, purpose="the weights update group (set master_port)"
         )
+        port = int(sock.getsockname()[1])  # master_port 0: the one the OS picked
         join = partial(
             join_update_group,
             address=c.master_address,
-            port=c.master_port,
+            port=port,
             rank=0,
             world_size=world,
             group_name=c.group_name,
@@ -191,7 +193,7 @@ class SGLangWeightSync(DiskWeightSync):
                 u + "/init_weights_update_group",
                 json={
                     "master_address": c.master_address,
-                    "master_port": c.master_port,
+                    "master_port": port,
                     "rank_offset": 1 + i * c.ranks_per_server,
                     "world_size": world,
                     "group_name": c.group_name,
