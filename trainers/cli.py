@@ -51,6 +51,25 @@ def train_main(
     return Trainer(cfg, resume=resume, command=command).run()
 
 
+def plan_main(
+    recipe: str | Path | None,
+    overrides: list[str],
+    gpus: int | None = None,
+    modules: list[str] | None = None,
+) -> str:
+    """The placement plan of a recipe on a host with ``gpus`` GPUs (default: this one's);
+    nothing is started. A layout that cannot work is a ConfigError."""
+    import torch
+
+    from trainers.config import load_run_config
+    from trainers.plan import make_plan
+
+    import_modules(modules or [])
+    cfg = load_run_config(recipe, overrides)
+    n = torch.cuda.device_count() if gpus is None else gpus
+    return make_plan(cfg, n).render()
+
+
 def train_seeds_main(
     recipe: str | Path | None,
     seeds: list[int],
@@ -230,8 +249,22 @@ def train_cmd(
     ] = False,
     seeds: Seeds = None,
     modules: Modules = None,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            help="Print where each process would run (GPUs, layout, weight sync) and exit.",
+        ),
+    ] = False,
+    gpus: Annotated[
+        int | None,
+        typer.Option("--gpus", help="With --plan: the host's GPU count (default: this machine's)."),
+    ] = None,
 ) -> None:
     """RL training (GRPO/PPO) from a recipe; key=value overrides; --resume continues a run."""
+    if plan:
+        typer.echo(plan_main(recipe, overrides or [], gpus, modules))
+        return
     seed_list = _parse_seeds(seeds)
     if seed_list:
         summary = train_seeds_main(recipe, seed_list, overrides or [], resume, modules)

@@ -32,6 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+
 from agentrl.algos import (
     ADV_ESTIMATORS,
     AdaptiveKLController,
@@ -73,6 +75,7 @@ from trainers.checkpoint import (
 )
 from trainers.config import KLConfig, RunConfig
 from trainers.eval import eval_metrics, write_report
+from trainers.plan import make_plan
 from trainers.rollout_workers import RolloutWorkerPool, WorkerSpec
 from trainers.runtime import (
     exit_on_sigterm,
@@ -191,7 +194,12 @@ class Trainer:
         state = self._prepare_run_dir()
         seed_everything(cfg.seed)
         apply_to_this_process()  # NVLink multicast off here too (agentrl.gpu_env)
-        self._owns_ray = start_ray(cfg.train.num_cpus)
+        ray_gpus = None
+        if torch.cuda.is_available():  # which GPUs train and which serve (trainers/plan.py)
+            plan = make_plan(cfg, torch.cuda.device_count())
+            logger.info("placement plan:\n%s", plan.render())
+            ray_gpus = plan.ray_gpus
+        self._owns_ray = start_ray(cfg.train.num_cpus, num_gpus=ray_gpus)
         exit_on_sigterm()  # after ray.init, which installs its own handler
         self.policy_path = warm_up(cfg, num_threads=threads_per_rank(cfg))
         self._pool = ResourcePool(pool_config(cfg))

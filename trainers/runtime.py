@@ -48,13 +48,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def start_ray(num_cpus: int) -> bool:
-    """Start local Ray unless it runs already; True if this call started it."""
+def start_ray(num_cpus: int, num_gpus: int | None = None) -> bool:
+    """Start local Ray unless it runs already; True if this call started it. ``num_gpus``
+    (``trainers.plan.Plan.ray_gpus``): the GPUs Ray may hand out, 0 .. num_gpus - 1, so
+    servers placed on the others never share a GPU with a training rank."""
     import ray
 
     if ray.is_initialized():
         return False
-    init_ray_local(num_cpus=num_cpus or available_cpus())
+    init_ray_local(num_cpus=num_cpus or available_cpus(), num_gpus=num_gpus)
     return True
 
 
