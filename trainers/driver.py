@@ -323,6 +323,9 @@ class Trainer:
             template_path=str(self.policy_path),
             urls=[f"{dialect}+{url}" for url, dialect in client.all_backends.items()],
             run_seed=cfg.seed,
+            rejoin_wait_s=cfg.inference.restart.rejoin_wait_s
+            if cfg.inference.restart.enabled
+            else 0.0,
         )
         pool = RolloutWorkerPool(
             cfg.rollout_workers, spec, routable=lambda: client.urls, loop=fleet.loop

@@ -44,6 +44,8 @@ that fails there is drained by that client alone; the driver's ``ServerSuperviso
 dead servers and rejoins them (weights pushed) in the driver's client, and a watcher on the
 Fleet's loop copies the driver's routable set to every worker when it changes (and at every
 batch), so a worker routes to a restarted server only once it serves the current weights.
+When every server failed, a worker's request waits (``rejoin_wait_s``, the supervisor's) for
+the driver to route to one again, as the driver's own requests do.
 """
 
 from __future__ import annotations
@@ -119,6 +121,9 @@ class WorkerSpec:
     template_path: str
     urls: list[str]
     run_seed: int
+    rejoin_wait_s: float = 0.0
+    """How long a request waits, once every server failed, for the driver to route to one
+    again (a restarted server rejoined); 0: it fails at once (``error_inference``)."""
 
 
 class RolloutWorker:
@@ -134,6 +139,10 @@ class RolloutWorker:
         self.client = SupervisedClient(spec.urls)
         self._all = list(self.client.all_backends)  # bare urls, as the driver's client names them
         self.generator = SeededGenerator(self.client, spec.run_seed)
+        self.rejoin_wait_s = spec.rejoin_wait_s
+        self._routing = asyncio.Event()  # set at each set_routable
+        if spec.rejoin_wait_s > 0:
+            self.client.waiter = self._wait_for_server
         template = ChatTemplate.from_pretrained(spec.template_path)
         self.collector = SeededCollector(
             spec.rollout, self.generator, template, rubric=spec.reward.build_rubric()
@@ -155,6 +164,22 @@ class RolloutWorker:
                 self.client.admit(url)
             else:
                 self.client.drain(url)
+        self._routing.set()
+
+    async def _wait_for_server(self) -> bool:
+        """The client's waiter when every server failed: True once the driver routes to a
+        server again (within ``rejoin_wait_s``), as the driver's own client waits for its
+        supervisor to rejoin a restarted server."""
+        deadline = time.monotonic() + self.rejoin_wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            self._routing.clear()
+            try:
+                await asyncio.wait_for(self._routing.wait(), left)
+            except TimeoutError:
+                return False
+            if self.client.urls:
+                return True
+        return False
 
     async def begin_interrupt(self) -> None:
         """The driver is about to pause the servers with abort (``inference.interrupt``)."""

@@ -275,3 +275,43 @@ def test_workers_on_a_second_node_train_what_the_driver_trains(
         assert b["rollout_workers/resumed_requests"] >= 0  # every worker answered the hooks
         assert b["async/staleness_max"] == 0.0
         assert _common(b) == pytest.approx(_common(a), rel=1e-5, abs=1e-6)
+
+
+async def test_a_worker_request_waits_for_the_driver_to_route_to_a_server(
+    tmp_path: Path,
+) -> None:
+    """Every server a worker routes to failed: its request waits until the driver's routing
+    (``set_routable``) names a server again, then goes there, as on the driver's own client."""
+    from agentrl.inference.launch import ServerProcess
+    from agentrl.inference.protocol import SamplingParams
+    from agentrl.sockets import listen_socket
+    from agentrl.tiny import make_tiny_model
+    from trainers.rollout_workers import RolloutWorker
+
+    model = make_tiny_model(tmp_path / "m", hidden_size=32, num_layers=1)
+    dead = listen_socket("127.0.0.1", 0)  # a port nothing answers on once closed
+    dead_url = f"http://127.0.0.1:{dead.getsockname()[1]}"
+    dead.close()
+    cfg = ServerProcess.Config(model=str(model), log_path=str(tmp_path / "s.log"), num_threads=1)
+    with ServerProcess(cfg) as live:
+        spec = WorkerSpec(
+            rollout=CollectorConfig(group_size=1),
+            reward=RewardConfig(),
+            modules=[],
+            template_path=str(model),
+            urls=[dead_url, live.url],
+            run_seed=0,
+            rejoin_wait_s=30.0,
+        )
+        worker = RolloutWorker(spec)
+        try:
+            await worker.set_routable([dead_url])  # the driver has not admitted `live` yet
+            sp = SamplingParams(max_new_tokens=3, temperature=0)
+            task = asyncio.create_task(worker.client.generate([5, 6], sp))
+            await asyncio.sleep(1.0)
+            assert not task.done()  # the dead server failed; the request waits
+            await worker.set_routable([live.url])  # the driver routes to a server again
+            done = await asyncio.wait_for(task, 30)
+            assert done.server == live.url and len(done.output_ids) == 3
+        finally:
+            await worker.close()
