@@ -158,11 +158,11 @@ class RolloutWorker:
 
     async def set_routable(self, urls: list[str]) -> None:
         """Route to exactly ``urls`` (the driver's routable servers) from now on."""
-        routable = set(urls)
+        routable, drained = set(urls), self.client.drained
         for url in self._all:
-            if url in routable:
+            if url in routable and url in drained:
                 self.client.admit(url)
-            else:
+            elif url not in routable and url not in drained:
                 self.client.drain(url)
         self._routing.set()
 
