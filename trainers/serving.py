@@ -420,7 +420,10 @@ class Fleet:
         for hooks in self.interrupt_hooks:
             await hooks[0]()
         try:
-            await client.pause("abort")
+            try:
+                await client.pause("abort")
+            except InferenceError as e:  # a dead server: the push below deals with it
+                logger.warning("pausing the servers before the sync to %d: %s", version, e)
             yield
         finally:
             try:
