@@ -31,6 +31,7 @@ from agentrl.gpu_env import MULTICAST_OFF
 from agentrl.logging import read_jsonl
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import RolloutStatus, Sample, Trajectory, TrajectoryGroup
+from tests.trainers.test_async_modes import SHORT as ASYNC_SHORT
 from tests.trainers.test_driver import deterministic, smoke_config
 from trainers.config import RewardConfig
 from trainers.driver import Trainer
@@ -206,15 +207,7 @@ def test_bad_settings_are_config_errors(field: str, value: Any, message: str) ->
 
 # ---------------------------------------------------------------------- the real path
 
-SHORT = [
-    "train.steps=3",
-    "eval.num_samples=0",
-    "checkpoint.every=0",
-    "algo.entropy_coef=0.01",
-    "algo.kl.coef=0.01",
-    "algo.kl.in_reward=true",
-    "algo.kl.type=k1",
-]
+SHORT = [*ASYNC_SHORT, "train.steps=3"]  # the async-modes test's settings, 3 steps
 ON_NODE = [
     "rollout_workers.num=2",
     "rollout_workers.num_cpus=0",
