@@ -139,12 +139,12 @@ class InferenceClient:
         self.admissions = 0
         """How many times a drained server was put back (``admit``)."""
         self.failovers = 0
+        """How many requests failed on a server and were retried on another."""
         self._interrupts = 0  # begin_interrupt() calls so far
         self._resumed = asyncio.Event()  # clear while an interrupt is under way
         self._resumed.set()
         self.resumed_requests = 0
         """Requests aborted by an interrupt that went on from their partial tokens."""
-        """How many requests failed on a server and were retried on another."""
         limits = httpx2.Limits(
             max_connections=self.cfg.max_connections,
             max_keepalive_connections=self.cfg.max_connections,
