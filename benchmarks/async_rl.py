@@ -19,7 +19,8 @@ instead of the driver's event loop; ``--set`` passes a recipe override to every 
 Each mode trains for ``--steps`` RL steps of ``--batch-size`` groups (the same trained
 samples), in one invocation, one seed after another, all with the same rollout concurrency
 (every group of an admitted batch generates at once) and sizes. Reported per mode and seed: the RL wall time
-(the sum of ``timing/step_s``, setup and SFT excluded), samples/s, the mean staleness, and the
+(the sum of ``timing/step_s``, setup and SFT excluded), samples/s, the mean staleness, the
+seconds of training that later batches' generation overlapped (``async/overlap_s``), and the
 reward over the steps (mean of the last 20% of steps). For ``sync`` it also prints the bound
 an overlap could reach at best: sync time / max(generation busy, training busy), from its
 phase timings.
@@ -126,6 +127,7 @@ def run_mode(args: argparse.Namespace, out: Path, mode: list[str], seed: int) ->
         "reward_last20": statistics.fmean(r["rollout/reward_mean"] for r in tail),
         "generate_s": gen,
         "train_busy_s": busy_train,
+        "overlap_s": sum(r.get("async/overlap_s", 0.0) for r in rows),
         "curve": [((i + 1) * per_step, r["rollout/reward_mean"]) for i, r in enumerate(rows)],
     }
 
@@ -233,6 +235,7 @@ def main() -> None:
             f"{m:13s} wall {wall:7.1f} s  samples/s {samples / wall:6.2f}"
             f"  x sync {base / wall:5.2f}"
             f"  staleness {statistics.fmean(r['staleness_mean'] for r in rs):4.2f}"
+            f"  overlap {statistics.fmean(r['overlap_s'] for r in rs):6.1f} s"
             f"  reward(last 20%) {rew:.3f} +/- {se:.3f}"
             + ("" if m == "sync" else f"  within 2 SE of sync: {'yes' if within else 'no'}")
         )
