@@ -45,7 +45,6 @@ from agentrl.splits import DEFAULT_EVAL_FRACTION, check_fraction
 from agentrl.types import Sample
 from trainers.checkpoint import CheckpointManager
 from trainers.engines.megatron.config import MegatronConfig
-from trainers.rollout_workers import RolloutWorkersConfig
 from trainers.trajectory_log import TrajectoryLog
 
 
@@ -387,6 +386,48 @@ class EvalConfig:
     every: int = 0
     """Also evaluate every N RL steps (0: only before and after)."""
     temperature: float = 1.0
+
+
+@dataclass(kw_only=True)
+class RolloutWorkersConfig:
+    """The ``rollout_workers`` section of a recipe: Ray actors that run the training
+    rollouts (``trainers/rollout_workers.py``)."""
+
+    num: int = 0
+    """Ray actors that run the rollouts; 0: the driver's own event loop."""
+    num_cpus: float = 1.0
+    """CPUs each worker asks Ray for (its envs, tools and AgentLoops run there)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Ray custom resources each worker asks for: pins the workers to nodes that offer them."""
+    max_groups: int = 0
+    """Groups one worker runs at once; 0: ceil(rollout.max_concurrency / rollout.group_size)."""
+    max_restarts: int = 3
+    """Restarts Ray gives a worker that died."""
+    max_retries: int = 2
+    """Attempts after the first for a group whose worker died; then its members are aborted."""
+    routing_interval_s: float = 1.0
+    """How often the driver's routable servers are compared with what the workers were told."""
+
+    def validate(self) -> None:
+        if self.num < 0:
+            raise ConfigError(f"rollout_workers.num must be >= 0, got {self.num}")
+        if self.num_cpus < 0:
+            raise ConfigError(f"rollout_workers.num_cpus must be >= 0, got {self.num_cpus}")
+        bad = {
+            k: v for k, v in self.resources.items() if not (isinstance(v, int | float) and v > 0)
+        }
+        if bad:
+            raise ConfigError(
+                f"rollout_workers.resources must map a Ray resource name to an amount > 0, got "
+                f"{bad}; e.g. rollout_workers.resources={{rollout: 1}}"
+            )
+        for name in ("max_groups", "max_restarts", "max_retries"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"rollout_workers.{name} must be >= 0, got {getattr(self, name)}")
+        if self.routing_interval_s <= 0:
+            raise ConfigError(
+                f"rollout_workers.routing_interval_s must be > 0, got {self.routing_interval_s}"
+            )
 
 
 @dataclass(kw_only=True)

@@ -76,7 +76,7 @@ from trainers.checkpoint import (
 from trainers.config import KLConfig, RunConfig
 from trainers.eval import eval_metrics, write_report
 from trainers.plan import make_plan
-from trainers.rollout_workers import RolloutWorkerPool, WorkerSpec
+from trainers.rollout_workers import RolloutWorkerPool
 from trainers.runtime import (
     exit_on_sigterm,
     pool_config,
@@ -210,7 +210,7 @@ class Trainer:
         self.rubric = cfg.reward.build_rubric()
         self.collector = self.fleet.collector(cfg.rollout, self.template, rubric=self.rubric)
         if cfg.rollout_workers.num:
-            self.workers = self._rollout_workers()
+            self.workers = RolloutWorkerPool.for_run(cfg, self.fleet, self.policy_path)
         if state is not None:
             self._restore(state)
         if cfg.train.mode != "sync":
@@ -310,28 +310,6 @@ class Trainer:
             version=lambda: self.version,
             loop=self.fleet.loop,
         )
-
-    def _rollout_workers(self) -> RolloutWorkerPool:
-        """Ray actors running the training rollouts on the fleet's servers (``rollout_workers``)."""
-        fleet, cfg = self.fleet, self.cfg
-        assert fleet is not None and fleet.client is not None
-        client = fleet.client
-        spec = WorkerSpec(
-            rollout=cfg.rollout,
-            reward=cfg.reward,
-            modules=list(cfg.modules),
-            template_path=str(self.policy_path),
-            urls=[f"{dialect}+{url}" for url, dialect in client.all_backends.items()],
-            run_seed=cfg.seed,
-            rejoin_wait_s=cfg.inference.restart.rejoin_wait_s
-            if cfg.inference.restart.enabled
-            else 0.0,
-        )
-        pool = RolloutWorkerPool(
-            cfg.rollout_workers, spec, routable=lambda: client.urls, loop=fleet.loop
-        )
-        fleet.interrupt_hooks.append((pool.begin_interrupt, pool.end_interrupt))
-        return pool
 
     def _check_rollouts(self, groups: list[TrajectoryGroup], step: int) -> None:
         """Warn when too many rollouts of a step failed in the machinery; stop when it persists.

@@ -133,7 +133,9 @@ def make_plan(cfg: Any, gpus: int) -> Plan:
     servers: list[int | None] = []
     for i in range(inf.num_servers):
         dev = placement[i % len(placement)]
-        gpu = _gpu_of("cuda" if dev == "auto" and on_gpu else ("cpu" if dev == "auto" else dev))
+        if dev == "auto":
+            dev = "cuda" if on_gpu else "cpu"
+        gpu = _gpu_of(dev)
         if gpu is not None and gpu >= gpus:
             raise ConfigError(
                 f"server {i} is placed on cuda:{gpu} but the host has {gpus} GPUs "

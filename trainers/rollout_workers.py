@@ -54,13 +54,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError, TrainingError
 from agentrl.gpu_env import actor_runtime_env
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import RolloutStatus, Sample, Trajectory, TrajectoryGroup
+from trainers.config import RewardConfig, RolloutWorkersConfig, RunConfig
+from trainers.serving import Fleet, SeededCollector, SeededGenerator
 
 logger = logging.getLogger(__name__)
 
@@ -70,53 +73,12 @@ FAILED_GROUPS = "rollout_workers/failed_groups"
 RESUMED_REQUESTS = "rollout_workers/resumed_requests"
 
 
-@dataclass(kw_only=True)
-class RolloutWorkersConfig:
-    """The ``rollout_workers`` section of a recipe."""
-
-    num: int = 0
-    """Ray actors that run the rollouts; 0: the driver's own event loop."""
-    num_cpus: float = 1.0
-    """CPUs each worker asks Ray for (its envs, tools and AgentLoops run there)."""
-    resources: dict[str, float] = field(default_factory=dict)
-    """Ray custom resources each worker asks for: pins the workers to nodes that offer them."""
-    max_groups: int = 0
-    """Groups one worker runs at once; 0: ceil(rollout.max_concurrency / rollout.group_size)."""
-    max_restarts: int = 3
-    """Restarts Ray gives a worker that died."""
-    max_retries: int = 2
-    """Attempts after the first for a group whose worker died; then its members are aborted."""
-    routing_interval_s: float = 1.0
-    """How often the driver's routable servers are compared with what the workers were told."""
-
-    def validate(self) -> None:
-        if self.num < 0:
-            raise ConfigError(f"rollout_workers.num must be >= 0, got {self.num}")
-        if self.num_cpus < 0:
-            raise ConfigError(f"rollout_workers.num_cpus must be >= 0, got {self.num_cpus}")
-        bad = {
-            k: v for k, v in self.resources.items() if not (isinstance(v, int | float) and v > 0)
-        }
-        if bad:
-            raise ConfigError(
-                f"rollout_workers.resources must map a Ray resource name to an amount > 0, got "
-                f"{bad}; e.g. rollout_workers.resources={{rollout: 1}}"
-            )
-        for name in ("max_groups", "max_restarts", "max_retries"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"rollout_workers.{name} must be >= 0, got {getattr(self, name)}")
-        if self.routing_interval_s <= 0:
-            raise ConfigError(
-                f"rollout_workers.routing_interval_s must be > 0, got {self.routing_interval_s}"
-            )
-
-
 @dataclass(frozen=True, kw_only=True)
 class WorkerSpec:
     """What a worker builds its collector from (everything picklable)."""
 
     rollout: CollectorConfig
-    reward: Any  # trainers.config.RewardConfig (its rubric is built in the worker)
+    reward: RewardConfig  # its rubric is built in the worker
     modules: list[str]
     template_path: str
     urls: list[str]
@@ -133,7 +95,6 @@ class RolloutWorker:
         from agentrl.chat import ChatTemplate
         from agentrl.inference.supervisor import SupervisedClient
         from agentrl.registry import import_modules
-        from trainers.serving import SeededCollector, SeededGenerator
 
         import_modules(spec.modules)
         self.client = SupervisedClient(spec.urls)
@@ -248,6 +209,27 @@ class RolloutWorkerPool:
         self.resumed = 0  # the workers' requests resumed after interrupts (last reported)
         self._watch: asyncio.Task[None] | None = None
         self.placement = self.loop.run_until_complete(self._start())
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, fleet: Fleet, policy_path: str | Path) -> RolloutWorkerPool:
+        """Workers over ``fleet``'s servers, built as ``cfg`` says, told of every interrupting
+        sync (``fleet.interrupt_hooks``)."""
+        client = fleet.client
+        if client is None:
+            raise TrainingError("RolloutWorkerPool.for_run() before the fleet's servers started")
+        restart = cfg.inference.restart
+        spec = WorkerSpec(
+            rollout=cfg.rollout,
+            reward=cfg.reward,
+            modules=list(cfg.modules),
+            template_path=str(policy_path),
+            urls=[f"{dialect}+{url}" for url, dialect in client.all_backends.items()],
+            run_seed=cfg.seed,
+            rejoin_wait_s=restart.rejoin_wait_s if restart.enabled else 0.0,
+        )
+        pool = cls(cfg.rollout_workers, spec, routable=lambda: client.urls, loop=fleet.loop)
+        fleet.interrupt_hooks.append((pool.begin_interrupt, pool.end_interrupt))
+        return pool
 
     async def _start(self) -> list[dict[str, Any]]:
         """Wait until every worker is up (a bad spec fails here, once, with its error), then
@@ -399,9 +381,8 @@ class RolloutWorkerPool:
             if not self.loop.is_closed() and not self.loop.is_running():
                 self.loop.run_until_complete(asyncio.gather(self._watch, return_exceptions=True))
             self._watch = None
-        deadline = time.monotonic() + 10.0
         refs = [w.actor.close.remote() for w in self.workers]
-        ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
+        ray.wait(refs, num_returns=len(refs), timeout=10.0)
         for w in self.workers:
             ray.kill(w.actor, no_restart=True)
         self.workers = []

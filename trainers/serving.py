@@ -60,6 +60,7 @@ from trainers.config import InferenceConfig, RunConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+Hook = Callable[[], Awaitable[None]]
 
 _ROLLOUT_KEY: ContextVar[tuple[str, int] | None] = ContextVar("agentrl_rollout_key", default=None)
 
@@ -189,7 +190,7 @@ class Fleet:
         self._sync_lock = asyncio.Lock()  # one push at a time: a sync or a rejoin
         self._watch: asyncio.Task[None] | None = None
         self._rejoin_sync: WeightSync | None = None  # weight_sync distributed: HTTP or disk
-        self.interrupt_hooks: list[tuple[Callable[[], Awaitable[None]], ...]] = []
+        self.interrupt_hooks: list[tuple[Hook, Hook]] = []
         """(begin, end) coroutines run around each interrupting sync (``inference.interrupt``),
         for clients in other processes (rollout workers)."""
 
@@ -417,8 +418,8 @@ class Fleet:
             yield
             return
         client.begin_interrupt()
-        for hooks in self.interrupt_hooks:
-            await hooks[0]()
+        for begin, _ in self.interrupt_hooks:
+            await begin()
         try:
             try:
                 await client.pause("abort")
@@ -431,8 +432,8 @@ class Fleet:
             except InferenceError as e:  # a server died meanwhile: the supervisor restarts it
                 logger.warning("resuming the servers after the sync to %d: %s", version, e)
             client.end_interrupt()
-            for hooks in self.interrupt_hooks:
-                await hooks[1]()
+            for _, end in self.interrupt_hooks:
+                await end()
 
     async def _push(self, named: Mapping[str, torch.Tensor], version: int) -> None:
         client, sync, _ = self._parts()

@@ -33,9 +33,9 @@ from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import RolloutStatus, Sample, Trajectory, TrajectoryGroup
 from tests.trainers.test_async_modes import SHORT as ASYNC_SHORT
 from tests.trainers.test_driver import deterministic, smoke_config
-from trainers.config import RewardConfig
+from trainers.config import RewardConfig, RolloutWorkersConfig
 from trainers.driver import Trainer
-from trainers.rollout_workers import RolloutWorkerPool, RolloutWorkersConfig, WorkerSpec
+from trainers.rollout_workers import RolloutWorkerPool, WorkerSpec
 
 NODE_RESOURCE = "rollout_node"
 
