@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
 IMAGE_PLACEHOLDER = VISION_START + IMAGE_PAD + VISION_END
 """What a chat template renders for one image part (before ``Vision.expand``)."""
 VISION_MODEL_TYPES = ("qwen2_vl",)
@@ -154,6 +155,12 @@ class Vision:
                 "build the model with agentrl.tiny.make_tiny_model(arch='qwen2_vl')"
             )
         self.start_id, self.image_token_id, self.end_id = ids
+        video = tokenizer.convert_tokens_to_ids(VIDEO_PAD)
+        extra = [video] if isinstance(video, int) and video != unk else []
+        self.special_ids: tuple[int, ...] = (*ids, *extra)
+        """Tokens that only stand for images: a model never samples them (server and trainer
+        both give them probability 0), since a generated ``<|image_pad|>`` would read as an
+        image placeholder in the next prompt and in the training row."""
         self.processor = processor
         self.model_type = model_type
         self.merge_size = int(processor.merge_size)

@@ -167,6 +167,11 @@ class ModelRunner:
             model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
         self.model: Any = model.to(cfg.device).eval()
         self.dtype = dtype
+        self._suppress = (
+            torch.tensor(self.vision.special_ids, device=cfg.device)
+            if self.vision is not None
+            else None
+        )
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         text_config = self.model.config.get_text_config()
         self.max_context = int(getattr(text_config, "max_position_embeddings", 1 << 30))
@@ -433,6 +438,8 @@ class ModelRunner:
     def _advance(self, batch: BatchState, logits: torch.Tensor) -> BatchState | None:
         """Sample one token per row, finish rows that are done, return the rows that go on."""
         rows = [r.row for r in batch.reqs]
+        if self._suppress is not None:  # image-only tokens: never sampled (agentrl.vision)
+            logits = logits.index_fill(-1, self._suppress, float("-inf"))
         sampled = sample_rows(logits, rows)  # type: ignore[arg-type]
         keep: list[int] = []
         for i, req in enumerate(batch.reqs):

@@ -165,3 +165,55 @@ async def test_chat_completions_take_image_parts_like_generate(tiny_vlm: Path, s
         # Two images for one placeholder run: the counts disagree, a 400 that says so.
         two = await http.post("/generate", json={"input_ids": want, "image_data": [url, url]})
         assert two.status_code == 400 and "image_pad" in two.text, two.text
+
+
+@pytest.fixture(scope="module")
+def pad_loving_vlm(tiny_vlm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny VLM with its (tied) output rows of the image-only tokens turned towards the
+    model's own hidden states: unsuppressed, it would reply with ``<|image_pad|>`` and co."""
+    from transformers import AutoModelForImageTextToText
+
+    template = ChatTemplate.from_pretrained(tiny_vlm)
+    assert template.vision is not None
+    special = list(template.vision.special_ids)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm, dtype=torch.float32)
+    ids = torch.tensor([template.encode("user: hello there, what do you see")])
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state[0]  # (T, H), after the final norm
+        direction = hidden.mean(0) / hidden.mean(0).norm()
+        scale = 40.0 / (hidden @ direction).clamp(min=1e-3).mean()
+        model.get_output_embeddings().weight[special] = scale * direction
+        probs = torch.softmax(model(input_ids=ids).logits[0, -1], -1)
+    assert probs[special].sum() > 0.5  # the test below would fail without the suppression
+    out = tmp_path_factory.mktemp("vision") / "pad-loving"
+    model.save_pretrained(out)
+    template.tokenizer.save_pretrained(out)
+    template.vision.processor.save_pretrained(out)
+    return out
+
+
+async def test_image_only_tokens_are_never_sampled_and_parity_holds(
+    pad_loving_vlm: Path, tmp_path: Path
+) -> None:
+    """A model that prefers image-only tokens still never replies with one (a generated
+    ``<|image_pad|>`` would pose as an image placeholder in the next prompt and the training
+    row), and the trainer gives them probability 0 too: served logprobs equal the engine's."""
+    cfg = ServerProcess.Config(
+        model=str(pad_loving_vlm), max_batch_size=8, num_threads=1, log_path=str(tmp_path / "s.log")
+    )
+    with ServerProcess(cfg) as srv:
+        groups = await _rollouts(pad_loving_vlm, srv.url)
+    template = ChatTemplate.from_pretrained(pad_loving_vlm)
+    assert template.vision is not None
+    special = set(template.vision.special_ids)
+    trajs = [t for g in groups for t in g.trajectories]
+    assert all(t.status != RolloutStatus.ERROR_ENV for t in trajs), [t.error for t in trajs]
+    generated = [tok for t in trajs for turn in t.turns for tok in turn.completion_ids]
+    assert generated and not special & set(generated)
+
+    batch = TrainBatch.from_groups(groups, pad_token_id=template.tokenizer.pad_token_id)
+    engine = TorchEngine(EngineConfig(model_path=str(pad_loving_vlm), micro_batch_size=4))
+    engine.initialize()
+    logprobs, _ = engine.compute_logprobs(batch)
+    mask = batch.loss_mask.bool()
+    assert (logprobs - batch.rollout_logprobs)[mask].abs().max().item() <= 1e-5

@@ -27,6 +27,7 @@ runs padded even when ``packed`` is set (packing those positions is not built).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -52,8 +53,11 @@ def _chunk_scores(
     targets: torch.Tensor,
     temperature: float,
     with_entropy: bool,
+    suppress: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = F.linear(hidden, weight, bias).float() / temperature  # (n, V) fp32, this chunk only
+    if suppress is not None:  # tokens the server never samples: probability 0 here too
+        logits = logits.index_fill(-1, suppress, -1e30)  # finite: 0 * logit stays 0 below
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
@@ -71,8 +75,12 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_tokens: int = 1024,
+    suppress: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(hidden @ W.T / temperature)[target] per row, chunked over rows: (M,), (M,)|None."""
+    """log softmax(hidden @ W.T / temperature)[target] per row, chunked over rows: (M,), (M,)|None.
+
+    ``suppress``: token ids given probability 0 (a vision model's image-only tokens, which the
+    inference server never samples), so trained and served logprobs stay the same."""
     if temperature <= 0:
         raise ConfigError(f"temperature must be > 0, got {temperature}")
     logps, ents = [], []
@@ -85,6 +93,7 @@ def token_logprobs(
             targets_M[start : start + chunk_tokens],
             temperature,
             with_entropy,
+            suppress,
         )
         if grad:
             # no randomness inside a chunk: skip saving / restoring the RNG states (host syncs)
@@ -175,11 +184,21 @@ def _scatter(values_M: torch.Tensor, plan: ScoringPlan) -> torch.Tensor:
 class Scorer(nn.Module):
     """Root module: HF model -> per-token (logprobs, entropy) for a policy, values for a critic."""
 
-    def __init__(self, model: nn.Module, *, critic: bool, chunk_tokens: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        critic: bool,
+        chunk_tokens: int,
+        suppress: Sequence[int] = (),
+    ) -> None:
         super().__init__()
         self.model = model
         self.critic = critic
         self.chunk_tokens = chunk_tokens
+        self.register_buffer(
+            "suppress", torch.tensor(list(suppress), dtype=torch.long), persistent=False
+        )
 
     def _hidden(self, plan: ScoringPlan) -> torch.Tensor:
         base = cast(nn.Module, self.model.base_model)
@@ -214,6 +233,7 @@ class Scorer(nn.Module):
             head = cast(nn.Module, self.model.score)
             return _scatter(head(hidden).squeeze(-1).float(), plan), None
         lm_head = cast(nn.Linear, self.model.get_output_embeddings())  # type: ignore[operator]
+        suppress = cast(torch.Tensor, self.suppress)
         logp, ent = token_logprobs(
             hidden,
             lm_head.weight,
@@ -222,6 +242,7 @@ class Scorer(nn.Module):
             temperature=temperature,
             with_entropy=with_entropy,
             chunk_tokens=self.chunk_tokens,
+            suppress=suppress if suppress.numel() else None,
         )
         return _scatter(logp, plan), (_scatter(ent, plan) if ent is not None else None)
 

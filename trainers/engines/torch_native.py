@@ -154,6 +154,7 @@ class TorchEngine(Engine):
             model,
             critic=self.config.role == "critic",
             chunk_tokens=self.config.logprob_chunk_tokens,
+            suppress=self._vision.special_ids if self._vision is not None else (),
         )
         if self.distributed:
             shard(self._scorer, self.config, self.device)
