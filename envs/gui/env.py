@@ -44,8 +44,10 @@ from envs.gui.actions import HELP, Action, ActionError, parse_action
 from envs.gui.marks import set_of_marks
 from envs.gui.tasks import SITES, TASKS, PlanStep, Site
 from envs.gui.tree import Node, find
+from envs.gui.view import SessionConfig
 
 Observe = Literal["text", "screenshot", "both"]
+Backend = Literal["chromium", "pillow"]
 
 
 class BrowserEnv(Env):
@@ -66,7 +68,18 @@ class BrowserEnv(Env):
         max_contexts: int = 16,
         screenshots: bool = True,
         marks: bool = False,
+        backend: Backend = "chromium",
     ) -> None:
+        if backend not in ("chromium", "pillow"):
+            raise ConfigError(
+                f"gui/Browser-v0: backend must be 'chromium' (a real browser) or 'pillow' "
+                f"(pages drawn without a browser, envs/gui/drawn.py), got {backend!r}"
+            )
+        if backend == "pillow" and (task or "").startswith("miniwob/"):
+            raise ConfigError(
+                f"gui/Browser-v0: {task!r} runs JavaScript, which the pillow backend does not; "
+                "use backend='chromium'"
+            )
         if task is not None and task not in TASKS and not task.startswith("miniwob/"):
             raise ConfigError(
                 f"gui/Browser-v0: unknown task {task!r}; expected one of {TASKS}, "
@@ -83,8 +96,6 @@ class BrowserEnv(Env):
                 "gui/Browser-v0: marks=True draws on the screenshot the model sees; set "
                 "observe to 'both' or 'screenshot', or leave marks off in text mode"
             )
-        from envs.gui.session import BrowserPool, SessionConfig  # playwright: the gui extra
-
         self.task = task
         self.observe = observe
         self.max_steps = max_steps
@@ -98,7 +109,16 @@ class BrowserEnv(Env):
             action_timeout_s=action_timeout_s,
             page_load_timeout_s=page_load_timeout_s,
         )
-        self.pool = BrowserPool.shared(max_contexts)
+        self.backend = backend
+        self.pool: Any
+        if backend == "pillow":
+            from envs.gui.drawn import DrawnPool
+
+            self.pool = DrawnPool()
+        else:
+            from envs.gui.session import BrowserPool  # playwright: the gui extra
+
+            self.pool = BrowserPool.shared(max_contexts)
         self.site: Site | None = None
         self.session: Any = None
         self.view: Any = None  # the last PageView (screenshot, nodes, url, title)

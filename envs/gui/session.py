@@ -42,7 +42,6 @@ import tempfile
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -56,7 +55,8 @@ from agentrl.browser import chromium_executable
 from agentrl.errors import ConfigError
 from envs.gui.actions import Action
 from envs.gui.tasks import ORIGIN, Request, Site
-from envs.gui.tree import Node, prune, render
+from envs.gui.tree import prune
+from envs.gui.view import PageView, SessionConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -96,30 +96,6 @@ _RESOURCE_KINDS = {
     "font": "font",
     "media": "media",
 }
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SessionConfig:
-    """How a session's browser context is set up."""
-
-    viewport: tuple[int, int] = (800, 600)  # CSS pixels
-    device_scale: float = 1.0  # screenshot pixels per CSS pixel
-    action_timeout_s: float = 2.0
-    page_load_timeout_s: float = 5.0
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PageView:
-    """What the agent sees after an action."""
-
-    url: str
-    title: str
-    nodes: list[Node]
-    png: bytes  # the viewport, viewport * device_scale pixels
-
-    @property
-    def tree(self) -> str:
-        return render(self.nodes)
 
 
 class Session:
