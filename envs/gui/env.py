@@ -27,6 +27,10 @@ work (``agentrl/splits.py``).
 The env is declared nondeterministic (a real browser: timing, fonts, a GPU-less compositor),
 though the same seed gives the same pages, trees and screenshots on one machine (a test
 checks). ``ademonstration`` plays the task's plan from the same reset and records it.
+
+``backend="pillow"`` serves our five task sites without a browser (``envs/gui/drawn.py``): the
+same observation and action types and, along the oracle plans, the same tree text as
+Chromium's (a test checks); for machines where Chromium cannot run.
 """
 
 from __future__ import annotations
