@@ -326,6 +326,19 @@ class AgentSlot:
         self._cg = cg
         self._locks: dict[int, asyncio.Lock] = {}  # per event loop
         self._closed = False
+        self._warming: asyncio.Task[ExecAgent | None] | None = None
+
+    def start_soon(self) -> None:
+        """Start the agent in the background: the sandbox is usable at once, and a command
+        that comes before the agent is up waits for it (a failed start falls back to fresh
+        chains, as in ``get``)."""
+        if self.enabled and not self._closed and self._warming is None:
+            self._warming = asyncio.get_running_loop().create_task(self.get())
+            self._warming.add_done_callback(self._warmed)
+
+    def _warmed(self, task: asyncio.Task[ExecAgent | None]) -> None:
+        if not task.cancelled() and (e := task.exception()) is not None:  # the next command retries
+            logger.warning("sandbox %s: exec agent start failed: %r", self.name, e)
 
     def _usable(self, loop: asyncio.AbstractEventLoop) -> ExecAgent | None:
         agent = self.agent
@@ -370,6 +383,10 @@ class AgentSlot:
     async def close(self) -> None:
         """Stop the agent and its commands; the caller removes the sandbox's cgroup next."""
         self._closed = True
+        warming, self._warming = self._warming, None
+        if warming is not None and not warming.done():
+            warming.cancel()  # a start cut short removes its own leaf (LocalSandbox._start_agent)
+            await asyncio.wait([warming])
         if self.agent is not None:
             await self.agent.stop()
             if self.agent.leaf is not None:  # kill its processes now, polling fast

@@ -211,11 +211,10 @@ class LocalSandbox(ExecFileOps):
             raise
         sb = cls(config, name, home, cg, bwrap, uid)
         sb.disk_mb = disk_mb  # 0 when no cap could be made here (make_home warned)
-        try:
-            await sb._agent.get()  # started now: commands never wait for it
-        except BaseException:
-            await asyncio.shield(sb.close())
-            raise
+        # The exec agent (~40 ms: bubblewrap, then python) starts in the background: a reset
+        # returns without it, and the first command, which in a rollout comes after the
+        # model's first reply, finds it up (or waits for the rest of its start).
+        sb._agent.start_soon()
         prepare_spare(disk_mb)  # the next sandbox's capped filesystem, in the background
         return sb
 

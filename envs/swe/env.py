@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import re
 import shlex
@@ -51,6 +52,7 @@ from agentrl.types import Message, ToolCall
 from envs.swe.grade import RepoEnv, grade
 from envs.swe.task import SWETask, load_tasks
 
+logger = logging.getLogger(__name__)
 Mode = Literal["tools", "bash"]
 DemoEdit = Literal["hunk", "line"]
 FIXED_DATE = "2026-01-01T00:00:00Z"
@@ -250,7 +252,7 @@ class SWEEnv(Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, Info]:
         await super().areset(seed=seed)
-        await self._close_sandbox()
+        old, self.sandbox = self.sandbox, None  # closed while the new one is made (below)
         opts = options or {}
         pool = self.tasks
         if opts.get("split") is not None:
@@ -265,7 +267,16 @@ class SWEEnv(Env):
                 )
         task = pool[int(self.np_random.integers(len(pool)))]
         self.task = task
-        self.sandbox, self._root = await self._new_sandbox(task, self.sandbox_prefix)
+        made, closed = await asyncio.gather(
+            self._new_sandbox(task, self.sandbox_prefix),
+            self._close(old),
+            return_exceptions=True,
+        )
+        if isinstance(closed, BaseException):  # the backend's sweep removes what is left
+            logger.warning("swe/Repo-v0: closing the last episode's sandbox failed: %r", closed)
+        if isinstance(made, BaseException):
+            raise made
+        self.sandbox, self._root = made
         obs = [
             Message(role="system", content=self.system_prompt),
             Message(role="user", content=f"<issue>\n{self.issue_text(task)}\n</issue>"),
@@ -479,6 +490,10 @@ class SWEEnv(Env):
 
     async def _close_sandbox(self) -> None:
         sb, self.sandbox = self.sandbox, None
+        await self._close(sb)
+
+    @staticmethod
+    async def _close(sb: Sandbox | None) -> None:
         if sb is not None:
             with contextlib.suppress(SandboxError):  # the backend's sweep removes what is left
                 await sb.close()

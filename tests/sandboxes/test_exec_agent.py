@@ -144,3 +144,25 @@ async def test_close_leaves_no_agent(make: MakeSandbox) -> None:
         await busy
     agent.wait(timeout=5)  # reaped: it no longer exists
     assert not psutil.pid_exists(agent.pid) or agent.status() == psutil.STATUS_ZOMBIE
+
+
+async def test_the_agent_starts_in_the_background(make: MakeSandbox) -> None:
+    """create() returns before the agent is up (a reset does not wait ~40 ms for it); the first
+    command waits for it and runs through it (pid 1 of its own namespace, not a fresh chain's 2)."""
+    sb = await make()
+    slot = getattr(sb, "_agent")  # noqa: B009
+    assert slot.agent is None
+    assert (await sb.exec("echo $$", timeout_s=10)).stdout == "1\n"
+    assert slot.agent is not None and slot.agent.alive
+    agent_process(sb)
+
+
+async def test_close_while_the_agent_starts_leaves_nothing(make: MakeSandbox) -> None:
+    names = []
+    for _ in range(3):
+        sb = await make()
+        names.append(sb.name)
+        await asyncio.sleep(0.005 * len(names))  # cut the start short at different points
+        await sb.close()
+    await asyncio.sleep(0.1)
+    assert [p for n in names for p in marked_processes(n)] == []  # and the fixture's leak check
