@@ -385,8 +385,15 @@ class AgentSlot:
         self._closed = True
         warming, self._warming = self._warming, None
         if warming is not None and not warming.done():
-            warming.cancel()  # a start cut short removes its own leaf (LocalSandbox._start_agent)
-            await asyncio.wait([warming])
+            # A start cut short removes its own leaf (LocalSandbox._start_agent). A sandbox may
+            # be closed from another event loop (a server's thread made it): cancel there, and
+            # let the cgroup's kill below take whatever that start had spawned.
+            if warming.get_loop() is asyncio.get_running_loop():
+                warming.cancel()
+                await asyncio.wait([warming])
+            else:
+                with contextlib.suppress(RuntimeError):  # that loop is closed: nothing runs it
+                    warming.get_loop().call_soon_threadsafe(warming.cancel)
         if self.agent is not None:
             await self.agent.stop()
             if self.agent.leaf is not None:  # kill its processes now, polling fast
