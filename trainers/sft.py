@@ -110,7 +110,15 @@ def demonstrations(data: DataConfig, num: int) -> list[Conversation]:
     samples = [data.sample(i) for i in range(num)]
 
     async def all_demos() -> list[Conversation | None]:
-        return list(await asyncio.gather(*(_demonstration(s) for s in samples)))
+        with progress("SFT demonstrations", len(samples)) as advance:
+
+            async def one(sample: Sample) -> Conversation | None:
+                try:
+                    return await _demonstration(sample)
+                finally:
+                    advance()
+
+            return list(await asyncio.gather(*(one(s) for s in samples)))
 
     convs = [c for c in asyncio.run(all_demos()) if c is not None]
     if not convs:
