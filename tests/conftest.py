@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     report.outcome = "failed"
     report.longrepr = f"{why}, but it would skip: {reason}"
+
+
+def process_env(pid: int) -> dict[str, str]:
+    """A running process's environment, read from /proc (tests of what launchers pass on)."""
+    items = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in items if b"=" in e)

@@ -10,6 +10,7 @@ from distributed_workers import Chunk, EchoWorker
 
 from agentrl.distributed import Dispatch, ResourcePool, Sharded, WorkerGroup
 from agentrl.errors import ConfigError, TrainingError
+from tests.conftest import process_env
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +127,5 @@ def test_ranks_have_nvlink_multicast_off(group: WorkerGroup[EchoWorker]) -> None
     from agentrl.gpu_env import MULTICAST_OFF
 
     for info in group.whoami():
-        environ = Path(f"/proc/{info['pid']}/environ").read_bytes().split(b"\0")
-        env = dict(e.decode().split("=", 1) for e in environ if b"=" in e)
+        env = process_env(info["pid"])
         assert {k: env.get(k) for k in MULTICAST_OFF} == MULTICAST_OFF

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from agentrl.inference.client import InferenceClient, continuation, join_completions
 from agentrl.inference.launch import ServerProcess
 from agentrl.inference.protocol import Completion, SamplingParams
+from tests.conftest import process_env
 from tests.inference.test_inference_server import teacher_forced, wait_running
 
 N = 400  # long enough that the pause lands mid-generation on a tiny model
@@ -92,6 +93,5 @@ def test_server_processes_have_nvlink_multicast_off(server: ServerProcess) -> No
     """The server's process environment holds ``agentrl.gpu_env.MULTICAST_OFF`` (issue 27)."""
     from agentrl.gpu_env import MULTICAST_OFF
 
-    items = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
-    env = dict(e.decode().split("=", 1) for e in items if b"=" in e)
+    env = process_env(server.pid)
     assert {k: env.get(k) for k in MULTICAST_OFF} == MULTICAST_OFF

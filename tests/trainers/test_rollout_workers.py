@@ -31,6 +31,7 @@ from agentrl.gpu_env import MULTICAST_OFF
 from agentrl.logging import read_jsonl
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import RolloutStatus, Sample, Trajectory, TrajectoryGroup
+from tests.conftest import process_env
 from tests.trainers.test_async_modes import SHORT as ASYNC_SHORT
 from tests.trainers.test_driver import deterministic, smoke_config
 from trainers.config import RewardConfig, RolloutWorkersConfig
@@ -136,11 +137,6 @@ def _pool(worker_cls: type, **cfg: Any) -> tuple[RolloutWorkerPool, asyncio.Abst
     return pool, loop
 
 
-def _environ(pid: int) -> dict[str, str]:
-    items = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(e.decode().split("=", 1) for e in items if b"=" in e)
-
-
 def _sample(i: int, marker: Path) -> Sample:
     return Sample(env_id="x/Y-v0", uid=f"s{i}", extra={"marker": str(marker)})
 
@@ -154,7 +150,7 @@ def test_a_group_whose_worker_dies_runs_again_once(two_nodes: Any, tmp_path: Pat
         assert {p["node_id"] for p in pool.placement} == {two_nodes.node_id} != {head}
         # a cluster started without agentrl's job runtime_env: each actor brings its own
         for p in pool.placement:
-            assert _environ(p["pid"]) | MULTICAST_OFF == _environ(p["pid"])
+            assert process_env(p["pid"]) | MULTICAST_OFF == process_env(p["pid"])
         marker = tmp_path / "died"
         seen: list[str] = []
         samples = [_sample(i, marker) for i in range(4)]
