@@ -35,3 +35,18 @@ class PagesSite(Site):
 
 def html(body: str, title: str = "t") -> Response:
     return page(title, body)
+
+
+def bad_actions(ids: dict[str, int | None]) -> list[tuple[str, str]]:
+    """Replies that must become error observations on the form task's first page (``ids``:
+    element id by name), each with what its error says; both backends' tests play them."""
+    return [
+        ("I give up", "invalid action: no action found"),
+        ("click(999)", "there is no element [999]"),
+        ("click(x=5000, y=10)", "outside the screenshot (800 x 600 pixels)"),
+        ('press("NoSuchKey")', "failed"),
+        (f'select({ids["Full name"]}, "x")', "is not a drop-down"),
+        (f'select({ids["Country"]}, "Atlantis")', "no option 'Atlantis'; the options are"),
+        (f'type({ids["Send"]}, "x")', "failed"),
+        ("back()", "there is no earlier page"),
+    ]

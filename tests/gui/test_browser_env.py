@@ -22,7 +22,7 @@ from envs.gui.env import BrowserEnv, plan_action
 from envs.gui.session import BrowserPool, SessionConfig
 from envs.gui.tasks import TASKS, TIME_ZONES, CartSite, SettingsSite
 from envs.gui.tree import find, walk
-from tests.gui.sites import PagesSite, html
+from tests.gui.sites import PagesSite, bad_actions, html
 
 pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("chromium")]
 DOCS_PNG = Path(__file__).resolve().parents[2] / "docs" / "guides" / "img" / "gui-login.png"
@@ -208,16 +208,7 @@ async def test_bad_actions_become_observations() -> None:
     try:
         await env.areset(seed=1)
         ids = {n.name: n.id for n in walk(env.view.nodes)}
-        cases = [
-            ("I give up", "invalid action: no action found"),
-            ("click(999)", "there is no element [999]"),
-            ("click(x=5000, y=10)", "outside the screenshot (800 x 600 pixels)"),
-            ('press("NoSuchKey")', "failed"),
-            (f'select({ids["Full name"]}, "x")', "is not a drop-down"),
-            (f'select({ids["Country"]}, "Atlantis")', "no option 'Atlantis'; the options are"),
-            (f'type({ids["Send"]}, "x")', "failed"),
-            ("back()", "there is no earlier page"),
-        ]
+        cases = bad_actions(ids)
         for reply, says in cases:
             obs, reward, terminated, truncated, info = await env.astep(say(reply))
             assert says in obs[0].text and says in info["error"], (reply, obs[0].text)

@@ -20,7 +20,7 @@ from envs.gui.env import BrowserEnv, plan_action
 from envs.gui.tasks import TASKS, Response
 from envs.gui.tree import find, walk
 from envs.gui.view import SessionConfig
-from tests.gui.sites import PagesSite, html
+from tests.gui.sites import PagesSite, bad_actions, html
 
 
 def say(text: str) -> Message:
@@ -111,16 +111,7 @@ async def test_bad_actions_become_observations() -> None:
     env = BrowserEnv("form", backend="pillow", max_steps=20)
     await env.areset(seed=1)
     ids = {n.name: n.id for n in walk(env.view.nodes)}
-    cases = [
-        ("I give up", "invalid action: no action found"),
-        ("click(999)", "there is no element [999]"),
-        ("click(x=5000, y=10)", "outside the screenshot (800 x 600 pixels)"),
-        ('press("NoSuchKey")', "failed"),
-        (f'select({ids["Full name"]}, "x")', "is not a drop-down"),
-        (f'select({ids["Country"]}, "Atlantis")', "no option 'Atlantis'; the options are"),
-        (f'type({ids["Send"]}, "x")', "failed"),
-        ("back()", "there is no earlier page"),
-    ]
+    cases = bad_actions(ids)
     for reply, says in cases:
         obs, reward, terminated, truncated, info = await env.astep(say(reply))
         assert says in obs[0].text and says in info["error"], (reply, obs[0].text)

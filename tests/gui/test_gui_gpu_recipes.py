@@ -10,29 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.gui.shrunk import SHRUNK
 from trainers.config import load_run_config
 from trainers.driver import Trainer
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
-SHRUNK = [
+CPU = [  # the GPU recipes on this machine, with the shrunk model of tests/gui/shrunk.py
     "engine.device=cpu",
     "engine.dtype=float32",
-    "model.tiny.hidden_size=32",
-    "model.tiny.num_layers=1",
     "model.tiny.num_heads=2",
     "model.tiny.num_kv_heads=1",
-    "sft.steps=2",
-    "sft.num_demos=4",
-    "sft.batch_size=2",
-    "train.batch_size=2",
-    "train.mini_batch_size=2",
-    "rollout.group_size=2",
-    "rollout.max_turns=3",
-    "rollout.max_new_tokens=12",
     "engine.micro_batch_size=4",
     "inference.max_batch_size=8",
-    "eval.num_samples=2",
-    "logging.console=false",
+    *SHRUNK,
 ]
 
 
@@ -60,7 +50,7 @@ def ray_local():  # type: ignore[no-untyped-def]
 def test_the_gpu_recipes_train_on_drawn_pages_on_policy(
     recipe: str, tmp_path: Path, ray_local: None
 ) -> None:
-    cfg = load_run_config(RECIPES / recipe, [*SHRUNK, f"output_dir={tmp_path}"])
+    cfg = load_run_config(RECIPES / recipe, [*CPU, f"output_dir={tmp_path}"])
     assert cfg.engine.device == "cpu" and cfg.data.envs[0].kwargs["backend"] == "pillow"
     vision = cfg.model.tiny is not None and cfg.model.tiny.arch == "qwen2_vl"
     trainer = Trainer(cfg)

@@ -13,25 +13,11 @@ import pytest
 import torch
 
 from agentrl.inference.weights import checksum_named_tensors
+from tests.gui.shrunk import SHRUNK
 from trainers.config import load_run_config
 from trainers.driver import Trainer
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "gui_vision.yaml"
-SHRUNK = [
-    "model.tiny.hidden_size=32",
-    "model.tiny.num_layers=1",
-    "sft.steps=3",
-    "sft.num_demos=4",
-    "sft.batch_size=2",
-    "train.steps=2",
-    "train.batch_size=2",
-    "train.mini_batch_size=2",
-    "rollout.group_size=2",
-    "rollout.max_turns=3",
-    "rollout.max_new_tokens=12",
-    "eval.num_samples=2",
-    "logging.console=false",
-]
 
 
 @pytest.fixture(scope="module")
