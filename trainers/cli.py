@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -76,25 +77,51 @@ def train_seeds_main(
     overrides: list[str] | None = None,
     resume: bool = False,
     modules: list[str] | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """One run per seed (``name=<name>-s<seed> seed=<seed>``), then their mean +/- standard error.
+
+    ``jobs`` > 1 runs that many seeds at once, each in a process of its own
+    (``trainers.seed_jobs``): for models small enough that one run leaves the GPU mostly idle.
 
     Writes ``<output_dir>/<name>-seeds/summary.json``: the per-seed summaries and, for the
     eval before and after RL, the mean and the standard error over seeds.
     """
+    from agentrl.cpus import available_cpus
     from trainers.config import load_run_config
     from trainers.eval import summarize_seeds
 
     import_modules(modules or [])
     cfg = load_run_config(recipe, overrides)
+    if jobs < 1:
+        raise AgentRLError(f"--jobs must be >= 1 (runs at once), got {jobs}")
     flags = ["--seeds", ",".join(map(str, seeds)), *(["--resume"] if resume else [])]
+    flags += ["--jobs", str(jobs)] if jobs > 1 else []
     command = _command("train", recipe, overrides, flags)
-    runs = []
-    for seed in seeds:
-        run_overrides = [*(overrides or []), f"name={cfg.name}-s{seed}", f"seed={seed}"]
-        logger.info("seed %d of %s: %s", seed, seeds, " ".join(run_overrides))
-        runs.append(train_main(recipe, run_overrides, resume, command=command))
-    return summarize_seeds(runs, Path(cfg.output_dir) / f"{cfg.name}-seeds", command=command)
+    out_dir = Path(cfg.output_dir) / f"{cfg.name}-seeds"
+    per_seed = {s: [*(overrides or []), f"name={cfg.name}-s{s}", f"seed={s}"] for s in seeds}
+    if jobs > 1:
+        from trainers.seed_jobs import run_seed_jobs
+
+        if not cfg.train.num_cpus:  # the machine's CPUs shared between the runs at once
+            share = f"train.num_cpus={max(1, available_cpus() // min(jobs, len(seeds)))}"
+            per_seed = {s: [*o, share] for s, o in per_seed.items()}
+        argv = {
+            s: [*_module_flags(modules), str(recipe), *o, *(["--resume"] if resume else [])]
+            for s, o in per_seed.items()
+        }
+        run_dirs = {s: load_run_config(recipe, o).run_dir for s, o in per_seed.items()}
+        runs = run_seed_jobs(argv, run_dirs, jobs=jobs, log_dir=out_dir)
+    else:
+        runs = []
+        for seed, run_overrides in per_seed.items():
+            logger.info("seed %d of %s: %s", seed, seeds, " ".join(run_overrides))
+            runs.append(train_main(recipe, run_overrides, resume, command=command))
+    return summarize_seeds(runs, out_dir, command=command)
+
+
+def _module_flags(modules: list[str] | None) -> list[str]:
+    return [flag for m in modules or [] for flag in ("--module", m)]
 
 
 def _command(
@@ -260,14 +287,24 @@ def train_cmd(
         int | None,
         typer.Option("--gpus", help="With --plan: the host's GPU count (default: this machine's)."),
     ] = None,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            help="With --seeds: how many seeds train at once, each in its own process "
+            "(they share the machine's GPUs and CPUs).",
+        ),
+    ] = 1,
 ) -> None:
     """RL training (GRPO/PPO) from a recipe; key=value overrides; --resume continues a run."""
     if plan:
         typer.echo(plan_main(recipe, overrides or [], gpus, modules))
         return
     seed_list = _parse_seeds(seeds)
+    if jobs != 1 and not seed_list:
+        raise AgentRLError(f"--jobs {jobs} needs --seeds (several runs to train at once)")
     if seed_list:
-        summary = train_seeds_main(recipe, seed_list, overrides or [], resume, modules)
+        summary = train_seeds_main(recipe, seed_list, overrides or [], resume, modules, jobs)
     else:
         summary = train_main(recipe, overrides or [], resume, modules=modules)
     typer.echo(json.dumps(summary, indent=2))
@@ -342,7 +379,7 @@ def main() -> None:
         app()
     except AgentRLError as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2) from None
+        sys.exit(2)  # outside app() a typer.Exit is a traceback, not an exit code
 
 
 if __name__ == "__main__":

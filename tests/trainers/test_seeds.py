@@ -48,3 +48,53 @@ def test_summary_over_seeds_is_the_mean_and_standard_error_of_the_runs(tmp_path:
     assert s["seeds"] == [0, 1, 2] and s["eval_before"]["n_per_seed"] == 128.0
     assert json.loads((tmp_path / "q-seeds" / "summary.json").read_text()) == s
     assert standard_error([1.0]) == 0.0
+
+
+def test_seeds_train_at_once_in_processes_of_their_own(tmp_path: Path) -> None:
+    """`--seeds 0,1 --jobs 2`: two real runs (subprocesses, each its own Ray and server) at once,
+    their CPUs shared, each run's output logged, the mean over both."""
+    from tests.trainers.test_driver import RECIPE, SMOKE
+    from trainers.cli import train_seeds_main
+
+    overrides = [
+        *SMOKE,
+        "train.steps=1",
+        "checkpoint.every=0",
+        f"output_dir={tmp_path}",
+        "name=par",
+    ]
+    s = train_seeds_main(RECIPE, [0, 1], overrides, jobs=2)
+    assert s["seeds"] == [0, 1]
+    assert s["command"].endswith("--seeds 0,1 --jobs 2")
+    assert [r["run_dir"] for r in s["runs"]] == [str(tmp_path / "par-s0"), str(tmp_path / "par-s1")]
+    assert s["eval_after"] is not None and s["eval_after"]["n_per_seed"] == 2
+    for seed in (0, 1):
+        run = json.loads((tmp_path / f"par-s{seed}" / "summary.json").read_text())
+        assert run["seed"] == seed and run["steps"] == 1
+        assert "train.num_cpus=" in run["command"]  # the machine's CPUs split between the two
+        assert f"seed={seed}" in (tmp_path / "par-seeds" / f"seed{seed}.log").read_text()
+    assert json.loads((tmp_path / "par-seeds" / "summary.json").read_text()) == s
+
+
+def test_failed_seed_runs_are_named_with_their_logs(tmp_path: Path) -> None:
+    from trainers.seed_jobs import run_seed_jobs
+
+    missing = str(tmp_path / "no-such-recipe.yaml")
+    argv = {3: [missing, "seed=3"], 4: [missing, "seed=4"]}
+    dirs = {3: tmp_path / "r3", 4: tmp_path / "r4"}
+    with pytest.raises(AgentRLError) as e:
+        run_seed_jobs(argv, dirs, jobs=2, log_dir=tmp_path / "logs")
+    text = str(e.value)
+    assert "2 of 2 seed runs failed" in text
+    assert "seed 3: exit code 2" in text and "seed 4: exit code 2" in text
+    assert "no-such-recipe.yaml" in (tmp_path / "logs" / "seed3.log").read_text()
+
+
+def test_jobs_without_seeds_or_below_one_is_refused() -> None:
+    from tests.trainers.test_driver import RECIPE
+    from trainers.cli import train_cmd, train_seeds_main
+
+    with pytest.raises(AgentRLError, match="needs --seeds"):
+        train_cmd(RECIPE, [], jobs=2)
+    with pytest.raises(AgentRLError, match="--jobs must be >= 1"):
+        train_seeds_main(RECIPE, [0, 1], [], jobs=0)
