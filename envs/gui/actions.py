@@ -15,6 +15,7 @@ the accepted forms; the env shows it as an observation.
 from __future__ import annotations
 
 import ast
+import json
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -51,7 +52,7 @@ class Action:
             return f"click(x={self.x:g}, y={self.y:g})"
         args = [str(self.element)] if self.element is not None else []
         if self.kind in ("type", "press", "scroll", "select"):
-            args.append(repr(self.text))
+            args.append(json.dumps(self.text, ensure_ascii=False))  # as HELP writes it
         return f"{self.kind}({', '.join(args)})"
 
 

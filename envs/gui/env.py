@@ -17,7 +17,10 @@ valid action, an action on a missing or disabled element, a key that does not ex
 that does not load in time: each becomes an observation the agent reads (and ``info["error"]``), never an exception. The site's checker sets the reward;
 the episode ends when the task is done (login accepted, result opened, form sent,
 order placed, settings saved) or after
-``max_steps`` actions (truncated).
+``max_steps`` actions (truncated). ``partial_credit=True`` pays an episode that did not
+succeed the best share of the checker's conditions that one of its submissions met (the
+password right but not the username: 0.5; three of a form's four fields: 0.75), a denser
+signal for RL; ``info["success"]`` and the success rate stay all or nothing.
 
 The train/eval split is by content: ``info["task_key"]`` is the task type and its instruction
 (user and password, query and target, the form's values), and a reset asked for a split
@@ -73,6 +76,7 @@ class BrowserEnv(Env):
         screenshots: bool = True,
         marks: bool = False,
         backend: Backend = "chromium",
+        partial_credit: bool = False,
     ) -> None:
         if backend not in ("chromium", "pillow"):
             raise ConfigError(
@@ -114,6 +118,7 @@ class BrowserEnv(Env):
             page_load_timeout_s=page_load_timeout_s,
         )
         self.backend = backend
+        self.partial_credit = partial_credit
         self.pool: Any
         if backend == "pillow":
             from envs.gui.drawn import DrawnPool
@@ -186,6 +191,8 @@ class BrowserEnv(Env):
         terminated = self.site.done
         truncated = not terminated and self.steps >= self.max_steps
         reward = self.site.reward if terminated else 0.0
+        if self.partial_credit and (terminated or truncated) and reward < 1.0:
+            reward = self.site.credit  # the best submission's share of the checks
         info: Info = {
             "error": error,
             "url": self.view.url,
@@ -193,7 +200,7 @@ class BrowserEnv(Env):
             "blocked": dict(self.session.blocked),
         }
         if terminated or truncated:
-            info["success"] = terminated and reward > 0
+            info["success"] = terminated and self.site.reward > 0  # the checker's, not credit
         return obs, reward, terminated, truncated, info
 
     async def _observation(self, head: str, error: str | None) -> Observation:

@@ -4,6 +4,7 @@
     site.instruction                    # 'Log in as "mira.okafor" with the password "k7vq2p".'
     site.respond(request)               # the site's server, called for every page request
     site.reward, site.done              # what the checker saw (set by respond)
+    site.credit                         # the best fraction of the checker's conditions met so far
     site.plan                           # the oracle's steps, by role and name (scripted policy)
 
 A site is served at ``ORIGIN`` by the browser session (Playwright's request routing answers
@@ -174,7 +175,12 @@ def not_found(path: str) -> Response:
 
 
 class Site(ABC):
-    """A task's website and checker; ``respond`` serves it and updates ``reward``/``done``."""
+    """A task's website and checker; ``respond`` serves it and updates ``reward``/``done``.
+
+    ``credit`` is partial credit: the largest fraction of the checker's conditions that one
+    submission met (the username and the password of a login, the fields of a form, ...). The
+    env pays it instead of 0 when asked to (``partial_credit=True``); success stays all or
+    nothing."""
 
     name: str
     start_path = "/"
@@ -182,6 +188,12 @@ class Site(ABC):
     def __init__(self) -> None:
         self.reward = 0.0
         self.done = False
+        self.credit = 0.0
+
+    def _grade(self, *conditions: bool) -> bool:
+        """Record one submission's conditions in ``credit``; True if all hold."""
+        self.credit = max(self.credit, sum(conditions) / len(conditions))
+        return all(conditions)
 
     @property
     @abstractmethod
@@ -251,9 +263,9 @@ class LoginSite(Site):
             return self._form()
         if request.path == "/login" and request.method == "POST":
             self.attempts += 1
-            if (request.form.get("username"), request.form.get("password")) == (
-                self.user,
-                self.password,
+            if self._grade(
+                request.form.get("username") == self.user,
+                request.form.get("password") == self.password,
             ):
                 self.reward, self.done = 1.0, True
                 return page(
@@ -317,6 +329,7 @@ class SearchSite(Site):
                 for i in hits
             )
             found = f"<ul>{rows}</ul>" if hits else "<p>No results.</p>"
+            self._grade(self.target in hits, False)  # half: the search that finds the target
             return page("Search results", "<h1>Results</h1>" + self._box(q) + found)
         if request.path.startswith("/item/"):
             try:
@@ -325,6 +338,7 @@ class SearchSite(Site):
             except (ValueError, IndexError):
                 return not_found(request.path)
             if i == self.target:
+                self.credit = 1.0
                 self.reward, self.done = 1.0, True
             return page(
                 title,
@@ -382,11 +396,11 @@ class FormSite(Site):
         if request.path == "/submit" and request.method == "POST":
             f = request.form
             self.submitted = dict(f)
-            ok = (
-                f.get("name", "").strip() == self.full_name
-                and f.get("email", "").strip() == self.email
-                and f.get("country") == self.country
-                and ("newsletter" in f) == self.newsletter
+            ok = self._grade(
+                f.get("name", "").strip() == self.full_name,
+                f.get("email", "").strip() == self.email,
+                f.get("country") == self.country,
+                ("newsletter" in f) == self.newsletter,
             )
             self.reward, self.done = (1.0 if ok else 0.0), True
             return page("Thank you", "<h1>Thank you</h1><p>Your message was sent.</p>")
@@ -469,7 +483,11 @@ class CartSite(Site):
             return self._cart_page()
         if request.path == "/checkout" and request.method == "POST":
             self.order = dict(self.cart)
-            ok = self.order == {self.target: self.quantity}
+            ok = self._grade(
+                self.target in self.order,
+                self.order.get(self.target) == self.quantity,
+                set(self.order) <= {self.target},
+            )
             self.reward, self.done = (1.0 if ok else 0.0), True
             return page("Order placed", "<h1>Thank you</h1><p>Your order was placed.</p>")
         return not_found(request.path)
@@ -513,10 +531,10 @@ class SettingsSite(Site):
         )
         if request.path == "/settings" and request.method == "POST":
             f = self.saved = dict(request.form)
-            ok = (
-                f.get("language") == self.language
-                and f.get("zone") == self.time_zone
-                and ("alerts" in f) == self.alerts
+            ok = self._grade(
+                f.get("language") == self.language,
+                f.get("zone") == self.time_zone,
+                ("alerts" in f) == self.alerts,
             )
             self.reward, self.done = (1.0 if ok else 0.0), True
             return page("Saved", nav + "<h1>Settings saved</h1>")

@@ -61,3 +61,26 @@ def test_bad_replies_say_what_is_accepted(reply: str, says: str) -> None:
         parse_action(reply)
     assert says in str(e.value)
     assert "Reply with one action on its own line" in str(e.value)
+
+
+def test_values_are_written_in_double_quotes_as_the_instructions_quote_them() -> None:
+    """The oracle's actions quote values as the instructions, the pages and the action help
+    (``type(ID, "text")``) do, so a copied value, quotes included, is the same tokens on both
+    sides."""
+    from agentrl.tiny import build_tokenizer
+
+    tok = build_tokenizer(1024)
+
+    def ids(text: str) -> list[int]:
+        return list(tok(text)["input_ids"])
+
+    def within(part: list[int], whole: list[int]) -> bool:
+        return any(whole[i : i + len(part)] == part for i in range(len(whole)))
+
+    for value in ("sofia.kim", "tomas", "Français", 'say "hi"', "it's"):
+        action = str(Action(kind="type", element=3, text=value))
+        assert parse_action(action) == Action(kind="type", element=3, text=value)
+        if '"' not in value:
+            assert action == f'type(3, "{value}")'
+            quoted = ids(f' "{value}"')
+            assert within(quoted, ids(f'Log in as "{value}" now')) and within(quoted, ids(action))

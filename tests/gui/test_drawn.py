@@ -6,6 +6,7 @@ checks that the element tree the model reads is Chromium's, step by step.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
@@ -17,7 +18,7 @@ from agentrl.types import Message
 from envs.gui.actions import Action
 from envs.gui.drawn import DrawnPool
 from envs.gui.env import BrowserEnv, plan_action
-from envs.gui.tasks import TASKS, Response
+from envs.gui.tasks import TASKS, PlanStep, Response
 from envs.gui.tree import find, walk
 from envs.gui.view import SessionConfig
 from tests.gui.sites import PagesSite, bad_actions, html
@@ -61,6 +62,50 @@ async def test_a_wrong_value_is_submitted_and_earns_nothing() -> None:
     assert (reward, terminated) == (0.0, False)
     assert "Wrong username or password" in obs[0].text
     assert env.site.attempts == 1  # type: ignore[attr-defined]
+
+
+def _wrong(step: PlanStep) -> PlanStep:
+    """The step with a value the checker rejects (a select keeps to the page's options)."""
+    if step.name == "Quantity":
+        return dataclasses.replace(step, text="5" if step.text != "5" else "4")
+    if step.name == "Time zone":
+        return dataclasses.replace(step, text="UTC+9" if step.text != "UTC+9" else "UTC")
+    return dataclasses.replace(step, text="nobody@example.org")
+
+
+@pytest.mark.parametrize(
+    ("task", "field", "credit"),
+    [
+        ("login", "Password", 1 / 2),
+        ("form", "Email", 3 / 4),
+        ("cart", "Quantity", 2 / 3),
+        ("settings", "Time zone", 2 / 3),
+        ("search", None, 1 / 2),
+    ],
+)
+async def test_partial_credit_pays_the_share_of_checks_met_and_success_stays_binary(
+    task: str, field: str | None, credit: float
+) -> None:
+    for partial in (True, False):
+        env = BrowserEnv(task, backend="pillow", partial_credit=partial)
+        await env.areset(seed=5)
+        assert env.site is not None
+        plan = [_wrong(s) if s.name == field else s for s in env.site.plan]
+        if task == "search":  # the right search, then a result that is not the target
+            target = plan[-1].name
+            plan[-1] = PlanStep(verb="click", role="link", name="?")
+        env.max_steps = len(plan)
+        for step in plan:
+            if step.name == "?":
+                links = [n for n in walk(env.view.nodes) if n.role == "link"]
+                other = next(n for n in links if n.name not in (target, "Back to results"))
+                step = dataclasses.replace(step, name=other.name)
+            obs, reward, terminated, truncated, info = await env.astep(
+                say(str(plan_action(step, env.view.nodes)))
+            )
+        assert info["success"] is False and (terminated or truncated)
+        assert reward == pytest.approx(credit if partial else 0.0), obs[0].text
+        await env.aclose()
 
 
 async def test_same_seed_same_screenshot_and_a_sized_png() -> None:
