@@ -8,13 +8,16 @@ Builds a random Llama-shaped model (``agentrl.tiny.make_tiny_model``: hidden 102
 16 heads, FFN 4096, the tiny tokenizer's ~830-token vocabulary: ~337M parameters) and one
 fixed-seed mix of requests per concurrency level (prompt 32-128 tokens, output 64-192 tokens,
 EOS ignored, temperature 1, no top-k/top-p). Every path gets the same requests at once and is
-timed over the whole batch (after one warm-up round of the same batch), counting only the
-output tokens each request asked for:
+timed over the whole batch, counting only the output tokens each request asked for, after one
+warm-up round (transformers: the same batch, for its compilation; servers: other prompts
+from the same mix, so no timed prompt is in the server's prefix pool):
 
     server-static    the embedded server, ``--engine static`` (slot cache, CUDA graphs, every
                      decode graph captured at start), through ``InferenceClient`` (HTTP
                      /generate, one call per request)
     server-static-lazy  the same with ``--capture-graphs lazy`` (each graph on first use)
+    server-static-nowait  the same with ``--batch-wait-ms 0`` (each request starts as it
+                     arrives, instead of a burst's first prefill waiting for the rest of it)
     server-dynamic   the same server with ``--engine dynamic`` (the engine before issue 20)
     hf-static        ``model.generate`` on the padded batch, static cache, compiled by
                      transformers, warmed (one call with the same shapes first); it runs every
@@ -80,6 +83,8 @@ def run_server(
     extra = ["--device", args.device, "--max-seq-len", str(args.max_seq_len), "--log-level", "info"]
     if engine == "static-lazy":
         extra += ["--engine", "static", "--capture-graphs", "lazy"]
+    elif engine == "static-nowait":
+        extra += ["--engine", "static", "--batch-wait-ms", "0"]
     else:
         extra += ["--engine", engine]
     cfg = ServerProcess.Config(
@@ -96,7 +101,9 @@ def run_server(
         print(f"server-{engine} ready in {time.perf_counter() - started:.1f} s", flush=True)
         for c in levels:
             reqs = requests_mix(c, args.vocab)
-            asyncio.run(_client_round(server.url, reqs))  # warm-up (captures graphs)
+            # warm-up on other prompts of the same mix: the timed round's prompts must not be
+            # in the prefix pool already (transformers gets no such head start)
+            asyncio.run(_client_round(server.url, requests_mix(c, args.vocab, seed=1)))
             elapsed, tokens = asyncio.run(_client_round(server.url, reqs))
             want = sum(n for _, n in reqs)
             if tokens != want:

@@ -141,6 +141,14 @@ class ModelRunner:
         (before the server answers; the top-k/top-p variants on first use); all: their
         top-k/top-p variants too; lazy: each graph on first use (100-300 ms in the middle of
         traffic). A no-op on CPU."""
+        batch_wait_ms: float = 20.0
+        """An idle engine that gets a request waits for the rest of its burst (requests sent
+        together arrive over HTTP a fraction of a millisecond apart) before its first prefill:
+        it keeps admitting while each request comes within ``batch_quiet_ms`` of the last,
+        for at most this long, so a GRPO batch starts as one prefill instead of one small
+        prefill per decode step. 0: start at once."""
+        batch_quiet_ms: float = 2.0
+        """The gap that ends a burst (see ``batch_wait_ms``): a lone request waits this long."""
         prefix_pool: bool = True
         """static: keep a finished request's KV in a free slot until the slot is needed, so a
         request that starts with its tokens (the next turn of a conversation) copies it
@@ -152,6 +160,11 @@ class ModelRunner:
         self.cfg = cfg
         if cfg.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {cfg.max_batch_size}.")
+        if cfg.batch_wait_ms < 0 or cfg.batch_quiet_ms < 0:
+            raise ConfigError(
+                f"batch_wait_ms and batch_quiet_ms must be >= 0 (0: no waiting), got "
+                f"{cfg.batch_wait_ms} and {cfg.batch_quiet_ms}"
+            )
         dtype = getattr(torch, cfg.dtype, None)
         if not isinstance(dtype, torch.dtype):
             raise ConfigError(f"dtype {cfg.dtype!r} is not a torch dtype; try float32 or bfloat16.")
@@ -288,6 +301,8 @@ class ModelRunner:
             idle = self.paused or (not self._waiting and not self._has_running())
             if not self._drain(block=idle):
                 break
+            if idle and self._waiting and not self.paused and not self._gather():
+                break
             if self.paused:
                 continue
             try:
@@ -314,6 +329,26 @@ class ModelRunner:
                 cmd = self._inbox.get_nowait()
             except queue.Empty:
                 return True
+
+    def _gather(self) -> bool:
+        """Idle, with work just arrived: keep admitting while requests come within
+        ``batch_quiet_ms`` of each other, for at most ``batch_wait_ms`` or until the slots
+        are full, so a burst starts as one prefill. False once shutdown was requested."""
+        deadline = time.monotonic() + self.cfg.batch_wait_ms / 1000
+        quiet = self.cfg.batch_quiet_ms / 1000
+        while len(self._waiting) < self._room() and not self.paused:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                cmd = self._inbox.get(timeout=min(quiet, left))
+            except queue.Empty:
+                break
+            if cmd is None:
+                self._fail_all("server shutting down")
+                return False
+            cmd()
+        return True
 
     def _retract(self) -> None:
         """``pause(mode="retract")``: this engine keeps its KV cache, as ``in_place``."""

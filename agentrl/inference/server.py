@@ -450,6 +450,19 @@ def main(argv: list[str] | None = None) -> None:
         "(lazy); no-op on CPU",
     )
     p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=20.0,
+        help="an idle engine waits up to this long for the rest of a burst of requests (each "
+        "within --batch-quiet-ms of the last) so they start as one prefill; 0: at once",
+    )
+    p.add_argument(
+        "--batch-quiet-ms",
+        type=float,
+        default=2.0,
+        help="the gap between requests that ends a burst (see --batch-wait-ms)",
+    )
+    p.add_argument(
         "--no-prefix-pool",
         action="store_true",
         help="static: do not keep finished requests' KV in free slots for the next turn",
@@ -521,6 +534,8 @@ def main(argv: list[str] | None = None) -> None:
             cuda_graphs=not a.no_cuda_graphs,
             capture_graphs=a.capture_graphs,
             prefix_pool=not a.no_prefix_pool,
+            batch_wait_ms=a.batch_wait_ms,
+            batch_quiet_ms=a.batch_quiet_ms,
         )
     )
     engine.start()

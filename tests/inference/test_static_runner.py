@@ -471,3 +471,34 @@ def test_prefix_pool_off_keeps_nothing(tiny_model: Path) -> None:
         assert len(runner.pool) == 0 and runner.stats["pool_hit_tokens"] == 0
     finally:
         runner.shutdown()
+
+
+@pytest.mark.parametrize("engine", ["static", "dynamic"])
+def test_a_burst_of_requests_starts_as_one_prefill(engine: str, tiny_model: Path) -> None:
+    """An idle engine waits for the rest of a burst (requests within batch_quiet_ms of each
+    other) before its first prefill; with batch_wait_ms=0 the first request starts alone."""
+    sp = RequestParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    prompts = _prompts(4, seed=5)
+    forwards = {}
+    for wait_ms in (5000.0, 0.0):
+        runner = _runner(tiny_model, engine, batch_wait_ms=wait_ms, batch_quiet_ms=1000.0)
+        try:
+            futs: list[concurrent.futures.Future[RunnerResult]] = []
+            for i, p in enumerate(prompts):
+                fut: concurrent.futures.Future[RunnerResult] = concurrent.futures.Future()
+                futs.append(fut)
+                runner.submit(
+                    RunnerRequest(rid=f"b{i}", input_ids=p, params=sp, on_done=fut.set_result)
+                )
+                if i == 0:
+                    time.sleep(0.3)  # the burst's stragglers: within the quiet gap, not at once
+            assert all(len(f.result(timeout=120).output_ids) == 4 for f in futs)
+            forwards[wait_ms] = runner.stats["prefill_forwards"]
+        finally:
+            runner.shutdown()
+    assert forwards[5000.0] == 1 and forwards[0.0] >= 2
+
+
+def test_bad_batch_wait_is_a_config_error(tiny_model: Path) -> None:
+    with pytest.raises(ConfigError, match="batch_wait_ms and batch_quiet_ms must be >= 0"):
+        build_runner(ModelRunner.Config(model=str(tiny_model), batch_wait_ms=-1.0))
