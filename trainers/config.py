@@ -377,6 +377,12 @@ class SFTConfig:
     """Distinct demonstrations (seeds) to draw from the train envs."""
     dataset: str = ""
     """A JSONL/parquet file of conversations to train on instead of env demonstrations."""
+    prompt_loss_weight: float = 0.0
+    """Also train on the tokens the model does not write (prompt, observations), each
+    weighing this much of a target token (0: targets only). Language modelling on the pages
+    and outputs a demonstration repeats teaches a model trained from scratch to copy; a
+    conversation's non-target tokens outnumber its targets ~25x in the GUI demonstrations,
+    so 0.04 weighs both sides about the same. Torch-native engine only."""
 
 
 @dataclass(kw_only=True)
@@ -539,6 +545,16 @@ def _validate_shapes(cfg: RunConfig) -> None:
         raise ConfigError(
             f"train.max_error_rate must be in [0, 1), got {t.max_error_rate}; e.g. 0.5 warns "
             "when more than half of a step's rollouts failed"
+        )
+    if cfg.sft.prompt_loss_weight < 0:
+        raise ConfigError(
+            f"sft.prompt_loss_weight must be >= 0 (0: train on the targets only), got "
+            f"{cfg.sft.prompt_loss_weight}"
+        )
+    if cfg.sft.prompt_loss_weight and cfg.engine.backend != "torch":
+        raise ConfigError(
+            "sft.prompt_loss_weight is built and tested for engine.backend=torch only; set it "
+            "to 0 or train with the torch engine"
         )
     if cfg.sft.steps and cfg.sft.batch_size < t.world_size:
         raise ConfigError(

@@ -279,7 +279,7 @@ def run_sft(cfg: RunConfig, model: Path, out: Path, *, num_threads: int) -> dict
                 batch = next(batches)
                 t0 = time.perf_counter()
                 with timer.time("update"):
-                    m = mean_metrics(group.call(ActorWorker.sft_step, batch))
+                    m = mean_metrics(group.call(ActorWorker.sft_step, batch, s.prompt_loss_weight))
                 counts = StepCounts(train_tokens=batch.num_tokens, samples=len(batch))
                 step_s = time.perf_counter() - t0
                 log.log(m | step_metrics(timer.pop(), step_s=step_s, counts=counts), step)

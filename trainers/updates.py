@@ -148,7 +148,16 @@ class CriticLoss:
 
 @dataclass(frozen=True)
 class NllLoss:
-    """Token-mean cross-entropy on ``loss_mask`` tokens (SFT)."""
+    """Token-mean cross-entropy on ``loss_mask`` tokens (SFT).
+
+    ``prompt_weight`` > 0 adds the cross-entropy of every other real token (the prompt and
+    the observations, each sequence's first token excepted), each weighing that much of a
+    target token: language modelling on the pages and tool outputs a demonstration shows,
+    which repeat content (an echoed value, the same tree a turn later) and so teach a model
+    trained from scratch to copy. ``sft/loss`` stays the targets' loss; ``sft/prompt_loss``
+    is the other tokens' mean."""
+
+    prompt_weight: float = 0.0
 
     def __call__(
         self,
@@ -160,8 +169,16 @@ class NllLoss:
     ) -> tuple[torch.Tensor, LossMetrics]:
         assert logprobs is not None, "NllLoss needs logprobs"
         mask = mb.batch.loss_mask
-        loss = -(logprobs * mask).sum() / max(float(mb.global_num_loss_tokens), 1.0)
-        return loss, {"sft/loss": summed(loss.detach(), mb)}
+        n = max(float(mb.global_num_loss_tokens), 1.0)
+        loss = -(logprobs * mask).sum() / n
+        metrics: LossMetrics = {"sft/loss": summed(loss.detach(), mb)}
+        if self.prompt_weight > 0:
+            other = mb.batch.attention_mask.to(logprobs.dtype) * (1 - mask.to(logprobs.dtype))
+            other[:, 0] = 0  # a sequence's first token has nothing to be predicted from
+            prompt_nll = -(logprobs * other).sum()
+            metrics["sft/prompt_loss"] = float(prompt_nll.detach()) / max(float(other.sum()), 1.0)
+            return loss + self.prompt_weight * prompt_nll / n, metrics
+        return loss, metrics
 
 
 def run_epochs(

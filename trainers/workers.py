@@ -151,9 +151,10 @@ class ActorWorker(RefWorker):
         ]
 
     @dispatch(Dispatch.DP_SPLIT)
-    def sft_step(self, batch: TrainBatch) -> list[Metrics]:
-        """One optimizer step of token-mean cross-entropy on ``loss_mask`` tokens."""
-        return [run_epochs(self.engine, batch, NllLoss())]
+    def sft_step(self, batch: TrainBatch, prompt_weight: float = 0.0) -> list[Metrics]:
+        """One optimizer step of token-mean cross-entropy on ``loss_mask`` tokens (plus
+        ``prompt_weight`` x that of the other tokens: ``NllLoss``)."""
+        return [run_epochs(self.engine, batch, NllLoss(prompt_weight))]
 
     @dispatch(Dispatch.RANK0)
     def named_weights(self) -> dict[str, torch.Tensor]:

@@ -23,6 +23,8 @@ def test_defaults_with_an_env_validate() -> None:
         (["inference.backend=vllm", "inference.weight_sync=tensors"], "auto, vllm, disk"),
         (["inference.engine=paged"], "inference.engine must be auto, static or dynamic"),
         (["algo.loss_agg=token_mean"], "token-mean"),
+        (["sft.prompt_loss_weight=-1"], r"sft.prompt_loss_weight must be >= 0"),
+        (["sft.prompt_loss_weight=0.1", "engine.backend=megatron"], "engine.backend=torch"),
     ],
 )
 def test_bad_combinations_name_the_key_and_the_fix(overrides: list[str], match: str) -> None:

@@ -116,3 +116,22 @@ def test_nll_loss_is_normalised_by_the_global_token_count() -> None:
     loss, metrics = NllLoss()(logprobs, None, None, mb)
     assert torch.isclose(loss, torch.tensor(0.75))  # 4 tokens x 1.5 / 8 tokens over all ranks
     assert metrics["sft/loss"] == 1.5  # x count x dp_size: the engine averages over pieces
+
+
+def test_nll_loss_with_a_prompt_weight_adds_the_other_real_tokens() -> None:
+    """Rows [1, 2, 3, 4] with targets at 3 and 4: the prompt term covers token 2 only (token
+    1 has nothing before it; padding and targets are not in it)."""
+    from agentrl.engine import MicroBatch
+
+    batch = _batch(2)
+    logprobs = torch.tensor([[-7.0, -2.0, -1.5, -1.5]] * 2)
+    mb = MicroBatch(
+        batch=batch, index=0, count=1, global_num_loss_tokens=4.0, global_num_rows=2.0, dp_size=1
+    )
+    plain, m0 = NllLoss()(logprobs, None, None, mb)
+    loss, m = NllLoss(prompt_weight=0.5)(logprobs, None, None, mb)
+    assert torch.isclose(plain, torch.tensor(1.5)) and "sft/prompt_loss" not in m0
+    # targets: 4 x 1.5 / 4; prompt: 0.5 x (2 rows x 2.0) / 4 target tokens
+    assert torch.isclose(loss, torch.tensor(1.5 + 0.5 * 4.0 / 4))
+    assert m["sft/loss"] == 1.5 and m["sft/prompt_loss"] == 2.0
+    assert pickle.loads(pickle.dumps(NllLoss(0.5))) == NllLoss(0.5)
