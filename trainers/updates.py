@@ -171,13 +171,13 @@ class NllLoss:
         mask = mb.batch.loss_mask
         n = max(float(mb.global_num_loss_tokens), 1.0)
         loss = -(logprobs * mask).sum() / n
-        metrics: LossMetrics = {"sft/loss": summed(loss.detach(), mb)}
+        metrics: dict[str, float | torch.Tensor] = {"sft/loss": summed(loss.detach(), mb)}
         if self.prompt_weight > 0:
             other = mb.batch.attention_mask.to(logprobs.dtype) * (1 - mask.to(logprobs.dtype))
             other[:, 0] = 0  # a sequence's first token has nothing to be predicted from
             prompt_nll = -(logprobs * other).sum()
             metrics["sft/prompt_loss"] = float(prompt_nll.detach()) / max(float(other.sum()), 1.0)
-            return loss + self.prompt_weight * prompt_nll / n, metrics
+            loss = loss + self.prompt_weight * prompt_nll / n
         return loss, metrics
 
 
