@@ -52,12 +52,13 @@ def test_async_with_staleness_zero_equals_sync(tmp_path: Path) -> None:
             assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-7), key
 
 
-# The async run also makes weight syncs interrupt generation in flight
-# (``inference.interrupt=abort``): generation is made slower than a training step (an
-# untrained model writes up to 256 tokens, and the server runs one request at a time), so the
-# syncs land while requests are mid-generation or queued; those are aborted, wait for the new
-# weights and go on from their partial tokens (``inference/resumed_requests``), and every
-# step still trains its whole batch within the bound.
+# The async run also interrupts generation at every weight sync (``inference.interrupt=abort``:
+# the servers are paused with abort around each push, then resumed), with generation made
+# slow next to a training step (an untrained model writing up to 256 tokens, one request at a
+# time on the server), and every step must still train its whole batch, nothing aborted, within
+# the bound. Whether a given sync meets a request mid-generation is up to timing here (it
+# did in runs alone, not in every run of the slow suite), so the resumption itself is checked
+# where it is forced: tests/inference/test_interrupt.py.
 INTERRUPTING = [
     "inference.interrupt=abort",
     "sft.steps=0",
@@ -90,5 +91,3 @@ def test_overlapped_modes_stay_within_their_bound(
         assert r["train/weight_version"] == r["step"]
         assert r["rollout/num_trajectories"] == 4  # every group trained: none lost to an abort
         assert r["rollout/status/aborted"] == 0.0
-    if "inference.interrupt=abort" in mode:
-        assert rows[-1]["inference/resumed_requests"] >= 1
