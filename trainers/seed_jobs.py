@@ -74,15 +74,15 @@ def run_seed_jobs(
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     waiting = list(argv)
+    started: dict[int, _Job] = {}
     running: list[_Job] = []
     done: dict[int, int] = {}
-    started_at: dict[int, float] = {}
     try:
         while waiting or running:
             while waiting and len(running) < jobs:
                 seed = waiting.pop(0)
-                running.append(_Job(seed, argv[seed], log_dir / f"seed{seed}.log"))
-                started_at[seed] = running[-1].started_at
+                started[seed] = _Job(seed, argv[seed], log_dir / f"seed{seed}.log")
+                running.append(started[seed])
             for job in list(running):
                 rc = job.wait(timeout=0.5)
                 if rc is not None:
@@ -97,7 +97,7 @@ def run_seed_jobs(
 
     def wrote_summary(s: int) -> bool:  # this time: a resumed run's old one does not count
         f = run_dirs[s] / "summary.json"
-        return f.exists() and f.stat().st_mtime >= started_at[s]
+        return f.exists() and f.stat().st_mtime >= started[s].started_at
 
     missing = [s for s in argv if s not in failed and not wrote_summary(s)]
     if failed or missing:

@@ -320,15 +320,20 @@ class ModelRunner:
             cmd = self._inbox.get() if block else self._inbox.get_nowait()
         except queue.Empty:
             return True
-        while True:
-            if cmd is None:
-                self._fail_all("server shutting down")
-                return False
-            cmd()
+        while self._run(cmd):
             try:
                 cmd = self._inbox.get_nowait()
             except queue.Empty:
                 return True
+        return False
+
+    def _run(self, cmd: Callable[[], None] | None) -> bool:
+        """Run one queued command; ``None`` is shutdown: fail what is left, return False."""
+        if cmd is None:
+            self._fail_all("server shutting down")
+            return False
+        cmd()
+        return True
 
     def _gather(self) -> bool:
         """Idle, with work just arrived: keep admitting while requests come within
@@ -344,10 +349,8 @@ class ModelRunner:
                 cmd = self._inbox.get(timeout=min(quiet, left))
             except queue.Empty:
                 break
-            if cmd is None:
-                self._fail_all("server shutting down")
+            if not self._run(cmd):
                 return False
-            cmd()
         return True
 
     def _retract(self) -> None:

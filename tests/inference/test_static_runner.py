@@ -43,9 +43,9 @@ def _runner(model: Path, engine: str = "static", overlap: bool = False, **kw: An
     return runner
 
 
-def _submit(
+def _send(
     runner: ModelRunner, prompts: list[list[int]], params: list[RequestParams], tag: str = "r"
-) -> list[RunnerResult]:
+) -> list[concurrent.futures.Future[RunnerResult]]:
     futs: list[concurrent.futures.Future[RunnerResult]] = []
     for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
         fut: concurrent.futures.Future[RunnerResult] = concurrent.futures.Future()
@@ -53,7 +53,13 @@ def _submit(
         runner.submit(
             RunnerRequest(rid=f"{tag}{i}", input_ids=p, params=sp, on_done=fut.set_result)
         )
-    return [f.result(timeout=120) for f in futs]
+    return futs
+
+
+def _submit(
+    runner: ModelRunner, prompts: list[list[int]], params: list[RequestParams], tag: str = "r"
+) -> list[RunnerResult]:
+    return [f.result(timeout=120) for f in _send(runner, prompts, params, tag)]
 
 
 def _teacher_forced(model: Any, prompt: list[int], out: list[int], temp: float) -> torch.Tensor:
@@ -483,15 +489,9 @@ def test_a_burst_of_requests_starts_as_one_prefill(engine: str, tiny_model: Path
     for wait_ms in (5000.0, 0.0):
         runner = _runner(tiny_model, engine, batch_wait_ms=wait_ms, batch_quiet_ms=1000.0)
         try:
-            futs: list[concurrent.futures.Future[RunnerResult]] = []
-            for i, p in enumerate(prompts):
-                fut: concurrent.futures.Future[RunnerResult] = concurrent.futures.Future()
-                futs.append(fut)
-                runner.submit(
-                    RunnerRequest(rid=f"b{i}", input_ids=p, params=sp, on_done=fut.set_result)
-                )
-                if i == 0:
-                    time.sleep(0.3)  # the burst's stragglers: within the quiet gap, not at once
+            futs = _send(runner, prompts[:1], [sp], tag="first")
+            time.sleep(0.3)  # the burst's stragglers: within the quiet gap, not at once
+            futs += _send(runner, prompts[1:], [sp] * 3, tag="rest")
             assert all(len(f.result(timeout=120).output_ids) == 4 for f in futs)
             forwards[wait_ms] = runner.stats["prefill_forwards"]
         finally:
