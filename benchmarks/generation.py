@@ -58,26 +58,76 @@ def requests_mix(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int
     return out
 
 
-async def _client_round(url: str, reqs: list[tuple[list[int], int]]) -> tuple[float, int]:
+async def _server_rounds(
+    url: str, warmup: list[tuple[list[int], int]], reqs: list[tuple[list[int], int]]
+) -> tuple[float, int, dict[str, float], dict[str, float]]:
+    """A warm-up round, then the timed one, through one client (its connections stay open, as
+    in training): wall time, tokens, the engine's counters after warm-up and after the timed
+    round, and the client's side of the timed round (when the first and last answers came)."""
+    import httpx2
+
     from agentrl.inference.client import InferenceClient
     from agentrl.inference.protocol import SamplingParams
 
     async with InferenceClient([url]) as client:
 
-        async def one(prompt: list[int], n: int) -> int:
+        async def one(prompt: list[int], n: int) -> tuple[int, float]:
             sp = SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True)
-            return len((await client.generate(prompt, sp)).output_ids)
+            got = len((await client.generate(prompt, sp)).output_ids)
+            return got, time.perf_counter()
 
+        async def engine() -> dict[str, float]:
+            async with httpx2.AsyncClient(timeout=30) as http:
+                info = (await http.get(url + "/get_server_info")).json()
+                return {**info["engine"], **info.get("process", {})}
+
+        await asyncio.gather(*(one(p, n) for p, n in warmup))
+        before = await engine()
         start = time.perf_counter()
-        counts = await asyncio.gather(*(one(p, n) for p, n in reqs))
-        return time.perf_counter() - start, sum(counts)
+        done = await asyncio.gather(*(one(p, n) for p, n in reqs))
+        elapsed = time.perf_counter() - start
+        after = await engine()
+        ends = sorted(t - start for _, t in done)
+        side = {"first_answer_s": ends[0], "last_answer_s": ends[-1]}
+        return elapsed, sum(n for n, _ in done), {**before, **side}, after
+
+
+def round_breakdown(
+    elapsed: float, before: dict[str, float], after: dict[str, float]
+) -> dict[str, float]:
+    """Where a timed round's wall time went, from the engine's counters (seconds): the engine
+    thread with work (``busy``: holding a burst back, prefills, decode steps, the rest of its
+    loop), the round's time outside it (requests not yet arrived, answers not yet read), and
+    the server's garbage-collector pauses (they stop every thread, so they overlap the rest)."""
+
+    def delta(key: str) -> float:
+        return float(after.get(key, 0.0)) - float(before.get(key, 0.0))
+
+    steps = delta("decode_steps")
+    decode = steps * float(after.get("decode_ms_per_step", 0.0)) / 1e3
+    if "decode_s" in after:
+        decode = delta("decode_s")
+    busy, gather, prefill = delta("busy_s"), delta("gather_s"), delta("prefill_s")
+    collector = sum(delta(f"gc_gen{g}_s") for g in range(3))
+    return {
+        "wall": elapsed,
+        "busy": busy,
+        "gather": gather,
+        "prefill": prefill,
+        "decode": decode,
+        "decode_steps": steps,
+        "prefills": delta("prefill_forwards"),
+        "engine_other": busy - gather - prefill - decode,
+        "gc_pauses": collector,
+        "outside_engine": elapsed - busy,
+        "first_answer": float(before.get("first_answer_s", 0.0)),
+        "last_answer": float(before.get("last_answer_s", 0.0)),
+    }
 
 
 def run_server(
     engine: str, model: str, args: argparse.Namespace, levels: list[int]
 ) -> dict[int, float]:
-    import httpx2
-
     from agentrl.inference.launch import ServerProcess
 
     extra = ["--device", args.device, "--max-seq-len", str(args.max_seq_len), "--log-level", "info"]
@@ -103,15 +153,20 @@ def run_server(
             reqs = requests_mix(c, args.vocab)
             # warm-up on other prompts of the same mix: the timed round's prompts must not be
             # in the prefix pool already (transformers gets no such head start)
-            asyncio.run(_client_round(server.url, requests_mix(c, args.vocab, seed=1)))
-            elapsed, tokens = asyncio.run(_client_round(server.url, reqs))
+            warmup = requests_mix(c, args.vocab, seed=1)
+            elapsed, tokens, before, after = asyncio.run(_server_rounds(server.url, warmup, reqs))
             want = sum(n for _, n in reqs)
             if tokens != want:
                 raise RuntimeError(f"server-{engine} gave {tokens} tokens, asked for {want}")
             figures[c] = tokens / elapsed
             print(f"server-{engine} c={c}: {figures[c]:.0f} tokens/s ({elapsed:.2f} s)", flush=True)
-            info = httpx2.get(server.url + "/get_server_info", timeout=30).json()["engine"]
-            print(f"server-{engine} engine stats after c={c}: {json.dumps(info)}", flush=True)
+            parts = round_breakdown(elapsed, before, after)
+            print(
+                f"server-{engine} c={c} round (s): "
+                + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()),
+                flush=True,
+            )
+            print(f"server-{engine} engine stats after c={c}: {json.dumps(after)}", flush=True)
     return figures
 
 

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from agentrl import heap
 from agentrl.algos import (
     ADV_ESTIMATORS,
     AdaptiveKLController,
@@ -127,6 +128,9 @@ class Trainer:
         t0 = time.perf_counter()
         try:
             self.setup()
+            # the controller's event loop runs every rollout: keep what setup built (torch,
+            # Ray, the tokenizer, the envs' modules) out of the collector's full passes
+            heap.freeze()
             before = self.evaluate_once("before", step=0)
             todo = self.cfg.train.steps - self.step_done
             # a terminal has the console's per-step tables; logs get a line per tenth with an ETA

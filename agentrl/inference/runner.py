@@ -213,6 +213,12 @@ class ModelRunner:
         self._seeds = itertools.count()
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
+        # engine-thread wall time with work (waiting or running requests), and the part of
+        # it spent holding a burst's first prefill back (_gather): a round's time outside
+        # them is the HTTP side's (requests not yet arrived, answers not yet read)
+        self._busy_since: float | None = None
+        self._busy_s = 0.0
+        self._gather_s = 0.0
 
     # ---- API (any thread) ---------------------------------------------------------------
     def start(self) -> None:
@@ -271,6 +277,7 @@ class ModelRunner:
 
     def info(self) -> dict[str, Any]:
         running = len(self._running())
+        since = self._busy_since  # read once: the engine thread sets it
         return {
             **self.stats,
             "running": running,
@@ -281,6 +288,8 @@ class ModelRunner:
             / max(time.monotonic() - self._started, 1e-9),
             "paused": self.paused,
             "weight_version": self.weight_version,
+            "busy_s": self._busy_s + (time.monotonic() - since if since is not None else 0.0),
+            "gather_s": self._gather_s,
         }
 
     # ---- engine thread only (inside call()) ---------------------------------------------
@@ -299,8 +308,13 @@ class ModelRunner:
     def _loop(self) -> None:
         while True:
             idle = self.paused or (not self._waiting and not self._has_running())
+            if idle and self._busy_since is not None:
+                self._busy_s += time.monotonic() - self._busy_since
+                self._busy_since = None
             if not self._drain(block=idle):
                 break
+            if self._busy_since is None and (self._waiting or self._has_running()):
+                self._busy_since = time.monotonic()
             if idle and self._waiting and not self.paused and not self._gather():
                 break
             if self.paused:
@@ -339,19 +353,23 @@ class ModelRunner:
         """Idle, with work just arrived: keep admitting while requests come within
         ``batch_quiet_ms`` of each other, for at most ``batch_wait_ms`` or until the slots
         are full, so a burst starts as one prefill. False once shutdown was requested."""
-        deadline = time.monotonic() + self.cfg.batch_wait_ms / 1000
+        start = time.monotonic()
+        deadline = start + self.cfg.batch_wait_ms / 1000
         quiet = self.cfg.batch_quiet_ms / 1000
-        while len(self._waiting) < self._room() and not self.paused:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                cmd = self._inbox.get(timeout=min(quiet, left))
-            except queue.Empty:
-                break
-            if not self._run(cmd):
-                return False
-        return True
+        try:
+            while len(self._waiting) < self._room() and not self.paused:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    cmd = self._inbox.get(timeout=min(quiet, left))
+                except queue.Empty:
+                    break
+                if not self._run(cmd):
+                    return False
+            return True
+        finally:
+            self._gather_s += time.monotonic() - start
 
     def _retract(self) -> None:
         """``pause(mode="retract")``: this engine keeps its KV cache, as ``in_place``."""

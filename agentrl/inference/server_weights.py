@@ -41,6 +41,7 @@ import torch
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict
 
+from agentrl import heap
 from agentrl.errors import ConfigError
 from agentrl.http import json_response, parse_body
 from agentrl.inference.responses import error_response, parse_version, update_failure
@@ -330,6 +331,7 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
                 "max_prefill_tokens": cfg.max_prefill_tokens,
                 "seed": cfg.seed,
                 "engine": engine.info(),
+                "process": heap.pauses(),
             }
         )
 

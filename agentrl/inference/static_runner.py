@@ -150,6 +150,7 @@ class StaticRunner(ModelRunner):
             pool_parked=self.pool.parked,
             pool_evicted=self.pool.evicted,
             decode_ms_per_step=1e3 * self._decode_s / max(self.stats["decode_steps"], 1),
+            decode_s=self._decode_s,
             prefill_s=self._prefill_s,
             capture_s=self._capture_s,
             graphs_at_start=self._start_graphs,

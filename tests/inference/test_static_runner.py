@@ -485,7 +485,7 @@ def test_a_burst_of_requests_starts_as_one_prefill(engine: str, tiny_model: Path
     other) before its first prefill; with batch_wait_ms=0 the first request starts alone."""
     sp = RequestParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
     prompts = _prompts(4, seed=5)
-    forwards = {}
+    forwards, held, busy = {}, {}, {}
     for wait_ms in (5000.0, 0.0):
         runner = _runner(tiny_model, engine, batch_wait_ms=wait_ms, batch_quiet_ms=1000.0)
         try:
@@ -494,9 +494,15 @@ def test_a_burst_of_requests_starts_as_one_prefill(engine: str, tiny_model: Path
             futs += _send(runner, prompts[1:], [sp] * 3, tag="rest")
             assert all(len(f.result(timeout=120).output_ids) == 4 for f in futs)
             forwards[wait_ms] = runner.stats["prefill_forwards"]
+            time.sleep(0.05)  # the engine goes idle: its busy time stops growing
+            info = runner.info()
+            held[wait_ms], busy[wait_ms] = info["gather_s"], info["busy_s"]
+            assert runner.info()["busy_s"] == busy[wait_ms]
         finally:
             runner.shutdown()
     assert forwards[5000.0] == 1 and forwards[0.0] >= 2
+    # the burst was held back for its straggler, and that counts as busy time
+    assert 0.25 < held[5000.0] <= busy[5000.0] and held[0.0] < 0.01 and busy[0.0] > 0
 
 
 def test_bad_batch_wait_is_a_config_error(tiny_model: Path) -> None:
