@@ -18,6 +18,8 @@ from the same mix, so no timed prompt is in the server's prefix pool):
     server-static-lazy  the same with ``--capture-graphs lazy`` (each graph on first use)
     server-static-nowait  the same with ``--batch-wait-ms 0`` (each request starts as it
                      arrives, instead of a burst's first prefill waiting for the rest of it)
+    server-static-compiled  the same with ``--compile-pointwise`` (the decoder's elementwise
+                     runs compiled into one kernel each before the graphs are captured)
     server-dynamic   the same server with ``--engine dynamic`` (the engine before issue 20)
     hf-static        ``model.generate`` on the padded batch, static cache, compiled by
                      transformers, warmed (one call with the same shapes first); it runs every
@@ -135,6 +137,8 @@ def run_server(
         extra += ["--engine", "static", "--capture-graphs", "lazy"]
     elif engine == "static-nowait":
         extra += ["--engine", "static", "--batch-wait-ms", "0"]
+    elif engine == "static-compiled":
+        extra += ["--engine", "static", "--compile-pointwise"]
     else:
         extra += ["--engine", engine]
     cfg = ServerProcess.Config(

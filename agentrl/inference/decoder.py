@@ -100,7 +100,7 @@ def _shape(model: Any) -> tuple[int, int, int]:
 class Decoder:
     """The forward pass of ``model`` (an HF ``*ForCausalLM``) over a ``SlotCache``."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, compile_pointwise: bool = False) -> None:
         check_supported(model.config)
         self.model = model
         inner = model.model
@@ -112,6 +112,14 @@ class Decoder:
         _, self.n_kv, self.head_dim = _shape(model)
         self.n_heads = int(model.config.num_attention_heads)
         self.scale = float(self.layers[0].self_attn.scaling)
+        silu = getattr(model.config, "hidden_act", "") == "silu"
+        self._act = _silu_mul if silu else _act_mul(self.layers[0].mlp.act_fn)
+        self._rotate = _rotate
+        self._add_norm = _add_rms_norm
+        if compile_pointwise:  # one generated kernel for each run of elementwise ops
+            self._act = torch.compile(self._act, dynamic=True, fullgraph=True)
+            self._rotate = torch.compile(_rotate, dynamic=True, fullgraph=True)
+            self._add_norm = torch.compile(_add_rms_norm, dynamic=True, fullgraph=True)
         self.fuse()
 
     def fuse(self) -> None:
@@ -153,21 +161,27 @@ class Decoder:
             mask = mask.repeat(1, 1, group, 1)
         rows = torch.arange(n, device=ids.device)[:, None].expand(n, t)  # (N, T)
         slots = slice(first_slot, first_slot + n)
+        delta = torch.zeros_like(x)  # each layer's MLP output, added with the next one's norm
         with _attention_backends(ids.device, t):
             for i, layer in enumerate(self.layers):
-                x = self._layer(i, layer, x, cache, slots, rows, pos, cos, sin, mask, key_len)
+                x, delta = self._layer(
+                    i, layer, x, delta, cache, slots, rows, pos, cos, sin, mask, key_len
+                )
         if last is None:
-            h_last = x[:, -1]
+            x_last, d_last = x[:, -1], delta[:, -1]
         else:
-            h_last = x[torch.arange(n, device=ids.device), last]  # (N, H)
-        out: torch.Tensor = self.lm_head(_rms_norm(self.norm, h_last))
+            at = torch.arange(n, device=ids.device)
+            x_last, d_last = x[at, last], delta[at, last]  # (N, H)
+        _, h_last = self._add_norm(x_last, d_last, self.norm.weight, self.norm.variance_epsilon)
+        out: torch.Tensor = self.lm_head(h_last)
         return out
 
     def _layer(
         self,
         i: int,
         layer: Any,
-        x: torch.Tensor,  # (N, T, H)
+        x: torch.Tensor,  # (N, T, H) the residual stream before the last MLP's output
+        delta: torch.Tensor,  # (N, T, H) that output
         cache: SlotCache,
         slots: slice,
         rows: torch.Tensor,  # (N, T)
@@ -176,10 +190,13 @@ class Decoder:
         sin: torch.Tensor,  # (N, 1, T, D), first half negated
         mask: torch.Tensor,  # (N, 1, G T, key_len) additive
         key_len: int,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream after attention, and the MLP's output to add to it (the next
+        layer adds it in the same kernel as its norm, when compiled)."""
         n, t = rows.shape
         attn = layer.self_attn
-        h = _rms_norm(layer.input_layernorm, x)
+        norm = layer.input_layernorm
+        x, h = self._add_norm(x, delta, norm.weight, norm.variance_epsilon)
         qkv = F.linear(h, *self.qkv[i])  # (N, T, (Hq + 2 Hkv) D)
         qk = qkv[..., : (self.n_heads + self.n_kv) * self.head_dim]
         qk = qk.view(n, t, self.n_heads + self.n_kv, self.head_dim)
@@ -188,7 +205,7 @@ class Decoder:
         if hasattr(attn, "q_norm"):  # qwen3
             q, k = qk.split((self.n_heads, self.n_kv), dim=2)
             qk = torch.cat((_rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)), dim=2)
-        qk = _rotate(qk.transpose(1, 2), cos, sin)  # q and k at once: (N, Hq + Hkv, T, D)
+        qk = self._rotate(qk.transpose(1, 2), cos, sin)  # q and k at once: (N, Hq + Hkv, T, D)
         q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
         kc, vc = cache.keys[i, slots], cache.values[i, slots]  # (N, Hkv, M, D)
         kc[rows, :, pos] = k.transpose(1, 2)
@@ -203,12 +220,10 @@ class Decoder:
             scale=self.scale,
         )  # (N, Hkv, G T, D)
         o = o.reshape(n, self.n_heads, t, self.head_dim)
-        x = x + attn.o_proj(o.transpose(1, 2).reshape(n, t, self.n_heads * self.head_dim))
-        mlp = layer.mlp
-        gate, up = F.linear(_rms_norm(layer.post_attention_layernorm, x), *self.gate_up[i]).chunk(
-            2, dim=-1
-        )
-        return x + mlp.down_proj(mlp.act_fn(gate) * up)
+        o = attn.o_proj(o.transpose(1, 2).reshape(n, t, self.n_heads * self.head_dim))
+        norm = layer.post_attention_layernorm
+        x, h = self._add_norm(x, o, norm.weight, norm.variance_epsilon)
+        return x, layer.mlp.down_proj(self._act(F.linear(h, *self.gate_up[i])))
 
 
 def _attention_backends(device: torch.device, t: int) -> contextlib.AbstractContextManager[Any]:
@@ -243,6 +258,30 @@ def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     """The HF RMSNorm module ``norm`` as one ``F.rms_norm`` call: a fused kernel on CUDA
     (accumulating in float32), where the module's eight elementwise ops are eight launches."""
     return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
+def _add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual ``x + delta`` and its RMSNorm (``_rms_norm``'s kernel after the add)."""
+    x = x + delta
+    return x, F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of the fused gate/up product (Llama's MLP activation)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _act_mul(act: Any) -> Any:
+    """``act(gate) * up`` with the model's own activation module (non-SiLU models)."""
+
+    def act_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return act(gate) * up
+
+    return act_mul
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -141,6 +141,11 @@ class ModelRunner:
         (before the server answers; the top-k/top-p variants on first use); all: their
         top-k/top-p variants too; lazy: each graph on first use (100-300 ms in the middle of
         traffic). A no-op on CPU."""
+        compile_pointwise: bool = False
+        """static on CUDA: ``torch.compile`` the decoder's runs of elementwise ops (residual
+        add with the next RMSNorm, rotary embedding, the MLP's activation times up) into one
+        generated kernel each, before the graphs are captured: fewer kernels a decode step,
+        for a few seconds more at start. Ignored on CPU."""
         batch_wait_ms: float = 20.0
         """An idle engine that gets a request waits for the rest of its burst (requests sent
         together arrive over HTTP a fraction of a millisecond apart) before its first prefill:

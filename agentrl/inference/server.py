@@ -453,6 +453,12 @@ def main(argv: list[str] | None = None) -> None:
         "(lazy); no-op on CPU",
     )
     p.add_argument(
+        "--compile-pointwise",
+        action="store_true",
+        help="static on CUDA: torch.compile the decoder's elementwise runs (add+RMSNorm, "
+        "rotary, activation) into one kernel each before capturing graphs; ignored on CPU",
+    )
+    p.add_argument(
         "--batch-wait-ms",
         type=float,
         default=20.0,
@@ -536,6 +542,7 @@ def main(argv: list[str] | None = None) -> None:
             kv_cache_gb=a.kv_cache_gb,
             cuda_graphs=not a.no_cuda_graphs,
             capture_graphs=a.capture_graphs,
+            compile_pointwise=a.compile_pointwise,
             prefix_pool=not a.no_prefix_pool,
             batch_wait_ms=a.batch_wait_ms,
             batch_quiet_ms=a.batch_quiet_ms,

@@ -80,12 +80,13 @@ def _teacher(model: Any, prompt: list[int], out: list[int], temp: float) -> torc
     )
 
 
-def test_graph_decode_matches_teacher_forcing_and_eager(llama: Path) -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager-ops", "compile-pointwise"])
+def test_graph_decode_matches_teacher_forcing_and_eager(llama: Path, compiled: bool) -> None:
     ref = AutoModelForCausalLM.from_pretrained(llama, dtype=torch.bfloat16).cuda().eval()
     prompts = _prompts(40)
     sampled = RequestParams(max_new_tokens=48, temperature=1.0, ignore_eos=True, seed=3)
     greedy = RequestParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
-    runner = _runner(llama, graphs=True)
+    runner = _runner(llama, graphs=True, compile_pointwise=compiled)
     try:
         results = _run(runner, prompts, sampled)
         deltas = torch.cat(
@@ -109,12 +110,15 @@ def test_graph_decode_matches_teacher_forcing_and_eager(llama: Path) -> None:
     assert same >= 7  # bf16: a near-tie may flip one row
 
 
-def test_weight_update_reaches_the_captured_graphs(llama: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager-ops", "compile-pointwise"])
+def test_weight_update_reaches_the_captured_graphs(
+    llama: Path, tmp_path: Path, compiled: bool
+) -> None:
     other = make_tiny_model(
         tmp_path / "b", arch="llama", hidden_size=256, num_layers=4, num_heads=8, seed=5
     )
     model_b = AutoModelForCausalLM.from_pretrained(other, dtype=torch.bfloat16).cuda().eval()
-    runner = _runner(llama, graphs=True)
+    runner = _runner(llama, graphs=True, compile_pointwise=compiled)
     prompt = [5, 6, 7, 8]
     sp = RequestParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)
     try:

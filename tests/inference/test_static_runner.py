@@ -508,3 +508,24 @@ def test_a_burst_of_requests_starts_as_one_prefill(engine: str, tiny_model: Path
 def test_bad_batch_wait_is_a_config_error(tiny_model: Path) -> None:
     with pytest.raises(ConfigError, match="batch_wait_ms and batch_quiet_ms must be >= 0"):
         build_runner(ModelRunner.Config(model=str(tiny_model), batch_wait_ms=-1.0))
+
+
+def test_compiled_pointwise_ops_give_the_eager_decoders_logits(llama_model: Path) -> None:
+    """``compile_pointwise`` (on CUDA in the server) compiles the decoder's elementwise runs;
+    compiled here on CPU, a prefill and a decode step give the eager decoder's logits."""
+    from agentrl.inference.decoder import Decoder, SlotCache
+
+    model = AutoModelForCausalLM.from_pretrained(llama_model, dtype=torch.float32).eval()
+    out = {}
+    for compiled in (False, True):
+        decoder = Decoder(model, compile_pointwise=compiled)
+        cache = SlotCache.allocate(model, slots=3, max_len=32, dtype=torch.float32, device="cpu")
+        ids = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0], [13, 14, 15, 16, 0]])
+        lens = torch.tensor([5, 3, 4])
+        pos = torch.arange(5)[None, :].expand(3, 5)  # padding writes past each row, as in a prefill
+        with torch.inference_mode():
+            first = decoder.forward(cache, ids, pos, 0, key_len=5, last=lens - 1)
+            step = decoder.forward(cache, first.argmax(-1)[:, None], lens[:, None], 0, key_len=6)
+        out[compiled] = (first, step)
+    for eager, comp in zip(out[False], out[True], strict=True):
+        torch.testing.assert_close(comp, eager, atol=1e-5, rtol=1e-5)
