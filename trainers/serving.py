@@ -286,6 +286,7 @@ class Fleet:
                         *("--device", device, "--engine", c.engine),
                         *("--kv-cache-gb", str(c.kv_cache_gb)),
                         *("--capture-graphs", c.capture_graphs),
+                        *(["--compile-pointwise"] if c.compile_pointwise else []),
                     ],
                 )
             )
