@@ -376,6 +376,11 @@ class ModelRunner:
         finally:
             self._gather_s += time.monotonic() - start
 
+    def drop_prefix_cache(self) -> int:
+        """Engine thread: forget every cached prefix (``/flush_cache``); how many were
+        dropped. This engine caches none."""
+        return 0
+
     def _retract(self) -> None:
         """``pause(mode="retract")``: this engine keeps its KV cache, as ``in_place``."""
 

@@ -337,6 +337,7 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
+        dropped = await asyncio.wrap_future(engine.call(engine.drop_prefix_cache))
         return json_response(
-            {"success": True, "message": "the embedded server keeps no prefix cache"}
+            {"success": True, "message": f"dropped {dropped} cached prefixes", "dropped": dropped}
         )

@@ -173,6 +173,12 @@ class StaticRunner(ModelRunner):
                 req.version_marks.append((len(req.output_ids), version))
         return version
 
+    def drop_prefix_cache(self) -> int:
+        """Forget every finished request's parked KV (the running requests keep theirs)."""
+        dropped = len(self.pool.entries)
+        self.pool.clear()
+        return dropped
+
     def _retract(self) -> None:
         """Free every running request's slot and put it back at the head of the queue: its
         next prefill recomputes its prompt and its tokens so far with the weights served then,

@@ -13,7 +13,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.inference.launch import ServerProcess
-from tests.inference.test_inference_server import gen_body, get, post, teacher_forced
+from tests.inference.test_inference_server import (
+    engine_stats,
+    gen_body,
+    get,
+    post,
+    teacher_forced,
+)
 
 
 @pytest.fixture(scope="module", params=["pool", "no-pool"])
@@ -58,3 +64,22 @@ async def test_second_turn_copies_the_first_turns_kv(
         assert m["agentrl_pool_entries"] >= 1
     else:
         assert m["agentrl_pool_hit_rate"] == 0 and m["agentrl_pool_entries"] == 0
+
+
+async def test_flush_cache_drops_the_parked_prefixes(
+    pool_server: tuple[ServerProcess, bool],
+) -> None:
+    """/flush_cache (SGLang's name) forgets the pool: the next turn prefills from scratch."""
+    server, on = pool_server
+    sp = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    turn1 = list(range(100, 140))
+    first = (await post(server.url, "/generate", gen_body(turn1, **sp))).json()
+    parked = (await _metrics(server.url))["agentrl_pool_entries"]
+    flushed = (await post(server.url, "/flush_cache", {})).json()
+    assert flushed["success"] is True and flushed["dropped"] == parked
+    assert (await _metrics(server.url))["agentrl_pool_entries"] == 0
+    before = (await engine_stats(server.url))["pool_hit_tokens"]
+    turn2 = [*turn1, *first["output_ids"], 7, 8]
+    await post(server.url, "/generate", gen_body(turn2, **sp))
+    assert (await engine_stats(server.url))["pool_hit_tokens"] == before  # nothing reused
+    assert parked >= (1 if on else 0)
