@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl import heap
 from agentrl.errors import ConfigError, TrainingError
 from agentrl.gpu_env import actor_runtime_env
 from agentrl.rollout.collector import CollectorConfig
@@ -108,6 +109,7 @@ class RolloutWorker:
         self.collector = SeededCollector(
             spec.rollout, self.generator, template, rubric=spec.reward.build_rubric()
         )
+        heap.freeze()  # its loop runs rollouts: keep the start-up heap out of full GC passes
 
     async def run_group(self, sample: Sample) -> TrajectoryGroup:
         """Every rollout of ``sample``'s group (a failed rollout is a status, never a raise)."""
