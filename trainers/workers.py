@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from agentrl import heap
 from agentrl.batch import BatchFields, TrainBatch
 from agentrl.distributed import DataLayout, Dispatch, Worker, dispatch
 from agentrl.engine import Engine, EngineConfig
@@ -79,6 +80,7 @@ class EngineWorker(Worker):
         torch.manual_seed(cfg.seed + self.rank)
         self.engine = build_engine(cfg, options)
         self.engine.initialize()
+        heap.freeze()  # torch, the model, the optimizer: out of the collector's full passes
 
     def data_parallel_layout(self) -> DataLayout:
         """Model-parallel engines (megatron TP/PP) share a shard across their group's ranks."""
