@@ -9,7 +9,9 @@ live as long as the process, so walking them finds nothing to free.
 
 ``freeze()`` runs one collection and then moves every surviving object to the permanent
 generation (``gc.freeze``), so later passes walk only what the process made since: requests,
-results, caches. Call it once, after start-up work and before serving. ``pauses()`` reports
+results, caches. Call it once, after start-up work and before serving (the inference server,
+the driver, trainer workers and rollout workers do); ``AGENTRL_GC_FREEZE=0`` in the
+environment turns it off, to compare or to rule it out. ``pauses()`` reports
 how long the collector has held the process since ``watch()`` (per generation), for
 ``/get_server_info`` and the metrics.
 """
@@ -17,6 +19,7 @@ how long the collector has held the process since ``watch()`` (per generation), 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from typing import Any
@@ -28,7 +31,9 @@ _totals: dict[int, list[float]] = {}  # generation -> [passes, seconds, longest 
 
 def freeze() -> int:
     """Collect once, then exempt every object alive now from later passes; returns how many
-    objects are frozen in all."""
+    objects are frozen in all. With ``AGENTRL_GC_FREEZE=0`` it freezes nothing."""
+    if os.environ.get("AGENTRL_GC_FREEZE", "1") == "0":
+        return gc.get_freeze_count()
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

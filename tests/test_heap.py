@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from agentrl import heap
 
 
@@ -17,6 +19,11 @@ def test_freeze_takes_live_objects_out_of_later_passes() -> None:
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
+
+
+def test_the_environment_can_turn_freezing_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTRL_GC_FREEZE", "0")
+    assert heap.freeze() == 0 and gc.get_freeze_count() == 0
 
 
 def test_watch_times_each_generation_once_registered() -> None:
