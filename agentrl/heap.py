@@ -10,7 +10,8 @@ live as long as the process, so walking them finds nothing to free.
 ``freeze()`` runs one collection and then moves every surviving object to the permanent
 generation (``gc.freeze``), so later passes walk only what the process made since: requests,
 results, caches. Call it once, after start-up work and before serving (the inference server,
-the driver, trainer workers and rollout workers do); ``AGENTRL_GC_FREEZE=0`` in the
+trainer workers and rollout workers do; the driver, which may run inside someone else's
+process, holds it with ``frozen()`` for its steps only); ``AGENTRL_GC_FREEZE=0`` in the
 environment turns it off, to compare or to rule it out. ``pauses()`` reports
 how long the collector has held the process since ``watch()`` (per generation), for
 ``/get_server_info`` and the metrics.
@@ -18,10 +19,12 @@ how long the collector has held the process since ``watch()`` (per generation), 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 _lock = threading.Lock()
@@ -37,6 +40,19 @@ def freeze() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+@contextlib.contextmanager
+def frozen() -> Iterator[int]:
+    """``freeze()`` for the ``with`` block, then ``gc.unfreeze()``: for code that runs inside
+    a process it does not own (a training run called from a test or a notebook), so what the
+    block's objects leave behind is collectable again afterwards."""
+    count = freeze()
+    try:
+        yield count
+    finally:
+        if os.environ.get("AGENTRL_GC_FREEZE", "1") != "0":
+            gc.unfreeze()
 
 
 def _on_gc(phase: str, info: dict[str, Any]) -> None:

@@ -38,3 +38,15 @@ def test_watch_times_each_generation_once_registered() -> None:
     assert after["gc_gen0_passes"] >= before["gc_gen0_passes"] + 1
     assert after["gc_gen2_s"] > before["gc_gen2_s"] and after["gc_gen2_max_s"] > 0
     gc.callbacks.remove(heap._on_gc)
+
+
+def test_frozen_releases_the_heap_after_its_block() -> None:
+    """A training run inside someone else's process (a test, a notebook) leaves nothing
+    frozen: cycles its objects form afterwards are collected as usual."""
+    with heap.frozen() as count:
+        assert count > 0 and gc.get_freeze_count() == count
+    assert gc.get_freeze_count() == 0
+    cycle: list[object] = []
+    cycle.append(cycle)
+    del cycle
+    assert gc.collect() >= 1

@@ -128,13 +128,15 @@ class Trainer:
         t0 = time.perf_counter()
         try:
             self.setup()
-            # the controller's event loop runs every rollout: keep what setup built (torch,
-            # Ray, the tokenizer, the envs' modules) out of the collector's full passes
-            heap.freeze()
             before = self.evaluate_once("before", step=0)
             todo = self.cfg.train.steps - self.step_done
             # a terminal has the console's per-step tables; logs get a line per tenth with an ETA
-            with progress("RL steps", todo, enabled=not sys.stderr.isatty()) as advance:
+            # the controller's event loop runs every rollout: what setup built (torch, Ray, the
+            # tokenizer, the envs' modules) stays out of the collector's full passes meanwhile
+            with (
+                heap.frozen(),
+                progress("RL steps", todo, enabled=not sys.stderr.isatty()) as advance,
+            ):
                 while self.step_done < self.cfg.train.steps:
                     if self.ctrl_c.interrupted and not self.ctrl_c.admitted(self.step_done + 1):
                         break
