@@ -187,3 +187,42 @@ def test_model_tiny_writes_a_vision_language_model_and_refuses_unknown_archs(tmp
     assert template.vision is not None and (tmp_path / "vlm" / "preprocessor_config.json").is_file()
     bad = _cli("model", "tiny", str(tmp_path / "x"), "--arch", "gpt9")
     assert bad.returncode != 0 and "qwen2_vl" in bad.stderr
+
+
+def test_serve_passes_engine_flags_after_the_double_dash(tmp_path: Path) -> None:
+    """`agentrl serve MODEL -- --engine dynamic` reaches the embedded server's own flags; an
+    unknown one is refused by name (exit 2) before any model is loaded."""
+    import socket
+    import time
+
+    import httpx2
+
+    bad = _cli("serve", str(tmp_path), "--", "--no-such-flag")
+    assert bad.returncode == 2 and "unrecognized arguments: --no-such-flag" in bad.stderr
+    model = make_tiny_model(tmp_path / "tiny")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "agentrl.cli", "serve", str(model), "--port", str(port)]
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*cmd, "--", "--engine", "dynamic", "--max-seq-len", "64"],
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
+    try:
+        info = None
+        for _ in range(240):  # bounded: ~60 s for the server to load the tiny model
+            if proc.poll() is not None:
+                break
+            try:
+                info = httpx2.get(f"http://127.0.0.1:{port}/get_server_info", timeout=2).json()
+                break
+            except httpx2.TransportError:
+                time.sleep(0.25)
+        assert info is not None, log.read_text()
+        assert info["engine"]["engine"] == "dynamic"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -47,7 +47,11 @@ def serve(
     ] = sys.executable,
     extra: Annotated[
         list[str] | None,
-        typer.Argument(help="Engine flags for vllm/sglang, after `--` (passed unchanged)."),
+        typer.Argument(
+            help="Engine flags after `--`, passed unchanged: vllm's or sglang's, or the embedded "
+            "server's (`python -m agentrl.inference.server --help`, e.g. -- --engine static "
+            "--compile-pointwise)."
+        ),
     ] = None,
 ) -> None:
     """Serve a model over HTTP (SGLang /generate + OpenAI endpoints, or vLLM's own API)."""
@@ -58,8 +62,6 @@ def serve(
     if backend != "embedded":
         _exec_backend(backend, path, python, port, host, dtype, max_batch_size, seed, extra or [])
         return  # not reached: exec replaced this process
-    if extra:
-        raise ConfigError(f"extra arguments {extra} are for --backend vllm or sglang only.")
     from agentrl.inference.server import main
 
     main(
@@ -82,6 +84,7 @@ def serve(
             str(num_threads),
             "--log-level",
             log_level,
+            *(extra or []),  # the server's own flags; argparse refuses unknown ones
         ]
     )
 
