@@ -303,7 +303,7 @@ class InferenceConfig:
     context (up to 8192 tokens: 15 length buckets x 9 batch buckets, ~0.15 s each on an H200)
     while its rollouts meet the few short-length buckets, once each."""
     compile_pointwise: bool = False
-    """Static engine on CUDA: torch.compile the decoder's elementwise runs into one kernel
+    """Static engine: torch.compile the decoder's elementwise runs into one kernel
     each before graphs are captured (``--compile-pointwise``; docs/guides/inference.md)."""
     startup_timeout_s: float = 180.0
     verify_weights: bool = True

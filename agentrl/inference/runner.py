@@ -145,7 +145,8 @@ class ModelRunner:
         """static on CUDA: ``torch.compile`` the decoder's runs of elementwise ops (residual
         add with the next RMSNorm, rotary embedding, the MLP's activation times up) into one
         generated kernel each, before the graphs are captured: fewer kernels a decode step,
-        for a few seconds more at start. Ignored on CPU."""
+        for ~16 s more at start (337M Llama, H100). On CPU it compiles C++ kernels (a
+        compiler is needed; tests use it there, a CPU server gains little)."""
         batch_wait_ms: float = 20.0
         """An idle engine that gets a request waits for the rest of its burst (requests sent
         together arrive over HTTP a fraction of a millisecond apart) before its first prefill:

@@ -58,8 +58,7 @@ class StaticRunner(ModelRunner):
 
     def __init__(self, cfg: ModelRunner.Config) -> None:
         super().__init__(cfg)
-        compile_ops = cfg.compile_pointwise and torch.device(cfg.device).type == "cuda"
-        self.decoder = Decoder(self.model, compile_pointwise=compile_ops)
+        self.decoder = Decoder(self.model, compile_pointwise=cfg.compile_pointwise)
         self.device = torch.device(cfg.device)
         slots, max_len = cache_shape(cfg, self.model, self.dtype)
         self.cache = SlotCache.allocate(self.model, slots, max_len, self.dtype, self.device)

@@ -76,13 +76,24 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(5, 800, (k,), generator=g).tolist() for k in lens]
 
 
-@pytest.mark.parametrize(("arch", "overlap"), [("qwen2", False), ("llama", False), ("llama", True)])
+@pytest.mark.parametrize(
+    ("arch", "overlap", "compiled"),
+    [
+        ("qwen2", False, False),
+        ("llama", False, False),
+        ("llama", True, False),
+        ("llama", True, True),
+    ],
+)
 def test_logprobs_match_teacher_forcing_with_rows_joining_and_leaving(
-    arch: str, overlap: bool, tiny_model: Path, llama_model: Path
+    arch: str, overlap: bool, compiled: bool, tiny_model: Path, llama_model: Path
 ) -> None:
+    """``compiled``: ``compile_pointwise``, its kernels compiled in the engine thread at the
+    first prefill and decode step, then reused as rows join and leave (dynamic shapes)."""
     path = tiny_model if arch == "qwen2" else llama_model
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    runner = _runner(path, overlap=overlap, max_batch_size=5)  # 12 through 5 slots: queue + moves
+    # 12 requests through 5 slots: queueing and slot moves
+    runner = _runner(path, overlap=overlap, max_batch_size=5, compile_pointwise=compiled)
     try:
         prompts = _prompts(12)
         temps = [0.0, 1.0, 0.7, 1.3]
@@ -508,24 +519,3 @@ def test_a_burst_of_requests_starts_as_one_prefill(engine: str, tiny_model: Path
 def test_bad_batch_wait_is_a_config_error(tiny_model: Path) -> None:
     with pytest.raises(ConfigError, match="batch_wait_ms and batch_quiet_ms must be >= 0"):
         build_runner(ModelRunner.Config(model=str(tiny_model), batch_wait_ms=-1.0))
-
-
-def test_compiled_pointwise_ops_give_the_eager_decoders_logits(llama_model: Path) -> None:
-    """``compile_pointwise`` (on CUDA in the server) compiles the decoder's elementwise runs;
-    compiled here on CPU, a prefill and a decode step give the eager decoder's logits."""
-    from agentrl.inference.decoder import Decoder, SlotCache
-
-    model = AutoModelForCausalLM.from_pretrained(llama_model, dtype=torch.float32).eval()
-    out = {}
-    for compiled in (False, True):
-        decoder = Decoder(model, compile_pointwise=compiled)
-        cache = SlotCache.allocate(model, slots=3, max_len=32, dtype=torch.float32, device="cpu")
-        ids = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0], [13, 14, 15, 16, 0]])
-        lens = torch.tensor([5, 3, 4])
-        pos = torch.arange(5)[None, :].expand(3, 5)  # padding writes past each row, as in a prefill
-        with torch.inference_mode():
-            first = decoder.forward(cache, ids, pos, 0, key_len=5, last=lens - 1)
-            step = decoder.forward(cache, first.argmax(-1)[:, None], lens[:, None], 0, key_len=6)
-        out[compiled] = (first, step)
-    for eager, comp in zip(out[False], out[True], strict=True):
-        torch.testing.assert_close(comp, eager, atol=1e-5, rtol=1e-5)
