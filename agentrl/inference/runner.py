@@ -142,7 +142,7 @@ class ModelRunner:
         top-k/top-p variants too; lazy: each graph on first use (100-300 ms in the middle of
         traffic). A no-op on CPU."""
         compile_pointwise: bool = False
-        """static on CUDA: ``torch.compile`` the decoder's runs of elementwise ops (residual
+        """static: ``torch.compile`` the decoder's runs of elementwise ops (residual
         add with the next RMSNorm, rotary embedding, the MLP's activation times up) into one
         generated kernel each, before the graphs are captured: fewer kernels a decode step,
         for ~16 s more at start (337M Llama, H100). On CPU it compiles C++ kernels (a
@@ -222,8 +222,7 @@ class ModelRunner:
         # engine-thread wall time with work (waiting or running requests), and the part of
         # it spent holding a burst's first prefill back (_gather): a round's time outside
         # them is the HTTP side's (requests not yet arrived, answers not yet read)
-        self._busy_since: float | None = None
-        self._busy_s = 0.0
+        self._busy: tuple[float, float | None] = (0.0, None)  # (seconds so far, busy since)
         self._gather_s = 0.0
 
     # ---- API (any thread) ---------------------------------------------------------------
@@ -283,7 +282,7 @@ class ModelRunner:
 
     def info(self) -> dict[str, Any]:
         running = len(self._running())
-        since = self._busy_since  # read once: the engine thread sets it
+        busy, since = self._busy  # one tuple, replaced whole by the engine thread
         return {
             **self.stats,
             "running": running,
@@ -294,7 +293,7 @@ class ModelRunner:
             / max(time.monotonic() - self._started, 1e-9),
             "paused": self.paused,
             "weight_version": self.weight_version,
-            "busy_s": self._busy_s + (time.monotonic() - since if since is not None else 0.0),
+            "busy_s": busy + (time.monotonic() - since if since is not None else 0.0),
             "gather_s": self._gather_s,
         }
 
@@ -314,13 +313,13 @@ class ModelRunner:
     def _loop(self) -> None:
         while True:
             idle = self.paused or (not self._waiting and not self._has_running())
-            if idle and self._busy_since is not None:
-                self._busy_s += time.monotonic() - self._busy_since
-                self._busy_since = None
+            busy, since = self._busy
+            if idle and since is not None:
+                self._busy = (busy + time.monotonic() - since, None)
             if not self._drain(block=idle):
                 break
-            if self._busy_since is None and (self._waiting or self._has_running()):
-                self._busy_since = time.monotonic()
+            if self._busy[1] is None and (self._waiting or self._has_running()):
+                self._busy = (self._busy[0], time.monotonic())
             if idle and self._waiting and not self.paused and not self._gather():
                 break
             if self.paused:
