@@ -24,7 +24,8 @@ a gloo process, so every call either receives all of them or drops the group. Be
   requests decode on partly new weights, still tagged with the old version; pause generation
   around a multi-bucket push (or send one bucket) when that matters. Without
   ``weight_version`` the version is unchanged (as SGLang); with it, tokens decoded afterwards
-  carry it (``output_token_weight_versions``). ``flush_cache`` is accepted (no prefix cache).
+  carry it (``output_token_weight_versions``). ``flush_cache`` is accepted (a version change drops the
+  prefix pool anyway).
 - Unknown names or shapes unlike the model's: the bucket is still received (the group stays
   in step) and discarded; 400 naming the tensors, the model unchanged.
 - A malformed request (unreadable body, lengths differ, unknown dtype, negative size, bad
