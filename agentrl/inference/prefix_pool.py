@@ -1,7 +1,7 @@
 """Finished requests' KV kept in free slots, so the next turn of a conversation skips it.
 
-    a request finishes in slot s -> PrefixPool.park(s, its tokens, weight version)
-    a new request arrives        -> PrefixPool.best(prompt, version) -> (slot, shared tokens)
+    a request finishes in slot s -> PrefixPool.park(s, its tokens, weights epoch)
+    a new request arrives        -> PrefixPool.best(prompt, epoch) -> (slot, shared tokens)
                                     -> the shared prefix is copied into the new slot, only the
                                        rest of the prompt is prefilled
     a prefill is about to write slots [lo, hi) -> PrefixPool.evacuate(lo, hi, free slots)
@@ -12,8 +12,9 @@ An agent's turn k + 1 repeats turn k's prompt and answer, then adds the tool's o
 this, every turn prefills the whole conversation again. The static engine keeps running rows
 packed at slots [0, B), so free slots are [B, S); a parked entry lives in one of them until a
 prefill needs the slot (it is then moved higher up if there is room, least recently used
-entries giving way first) or the weights change (the pool is keyed by weight version: KV made
-by older weights is never reused). Host bookkeeping only: the slot copies are the caller's
+entries giving way first) or the weights change (the pool is keyed by the weights' epoch,
+which the static engine bumps at every update, with or without a new version: KV made by
+older weights is never reused). Host bookkeeping only: the slot copies are the caller's
 (``SlotCache.move``), so this module is plain Python and tested without a model.
 """
 
@@ -48,7 +49,8 @@ class PrefixPool:
         return len(self.entries)
 
     def park(self, slot: int, tokens: list[int], version: int | None) -> None:
-        """Slot ``slot`` (free now) holds the KV of ``tokens`` made by weights ``version``."""
+        """Slot ``slot`` (free now) holds the KV of ``tokens`` made by weights ``version``
+        (the static engine passes its weights epoch)."""
         if len(tokens) < MIN_SHARED:
             self.entries.pop(slot, None)
             return

@@ -98,6 +98,7 @@ class RunnerRequest:
     top: list[list[tuple[float, int]]] = field(default_factory=list)
     version_marks: list[tuple[int, int]] = field(default_factory=list)  # (n_tokens, version)
     start_version: int = 0
+    kv_epoch: int = -1  # static engine: the weights its KV was computed with (see weights_changed)
     row: RowSampling | None = None
 
 
@@ -375,6 +376,11 @@ class ModelRunner:
             return True
         finally:
             self._gather_s += time.monotonic() - start
+
+    def weights_changed(self) -> None:
+        """Engine thread: the weights were overwritten without a version change (SGLang's
+        collective update without ``weight_version``): KV made before must not be reused.
+        This engine reuses none."""
 
     def drop_prefix_cache(self) -> int:
         """Engine thread: forget every cached prefix (``/flush_cache``); how many were

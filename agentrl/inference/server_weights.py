@@ -147,7 +147,8 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
             if abort_all:
                 engine.abort_in_thread(None, "aborted for a weight update")
             apply_named_tensors(engine.model, named)
-            if version is None and not bump:
+            if version is None and not bump:  # new weights, same version: no stale KV reuse
+                engine.weights_changed()
                 return engine.weight_version
             return engine.set_weight_version(version)
 

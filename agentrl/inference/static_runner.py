@@ -77,6 +77,7 @@ class StaticRunner(ModelRunner):
         self._top_p = torch.ones(n, dtype=torch.float32, device=dev)
         self._active = torch.zeros(n, dtype=torch.long, device=dev)  # 1: the slot runs
         self.pool = PrefixPool()  # finished requests' KV parked in free slots
+        self._kv_epoch = 0  # bumped whenever the weights change: older KV is never reused
         self._filtering = False  # some running row filters (top-k/top-p)
         self._decode_s = 0.0  # wall time in decode steps (graph or forward, sampling, host)
         self._prefill_s = 0.0  # wall time in prefills
@@ -166,11 +167,15 @@ class StaticRunner(ModelRunner):
             self._graphs.clear()
             self._weight_ptrs = self._param_ptrs()
         version = super().set_weight_version(version)
-        self.pool.clear()  # KV made by older weights is never reused
+        self.weights_changed()  # KV made by older weights is never reused
         for req in self._waiting:
             if req.output_ids:  # retracted: its next tokens come from these weights
                 req.version_marks.append((len(req.output_ids), version))
         return version
+
+    def weights_changed(self) -> None:
+        self._kv_epoch += 1
+        self.pool.clear()
 
     def drop_prefix_cache(self) -> int:
         """Forget every finished request's parked KV (the running requests keep theirs)."""
@@ -217,11 +222,10 @@ class StaticRunner(ModelRunner):
 
     def _donors(self) -> dict[tuple[int, ...], list[int]]:
         """Running slots whose prompt KV the weights served now made, by first prompt tokens
-        (the prefix cache is keyed by weight version: after an update nothing older is
-        reused)."""
+        (KV is keyed by the weights' epoch: after any update nothing older is reused)."""
         donors: dict[tuple[int, ...], list[int]] = {}
         for i, r in enumerate(self.slots):
-            if r.start_version == self.weight_version and not r.version_marks:
+            if r.kv_epoch == self._kv_epoch:
                 donors.setdefault(tuple(r.input_ids[:MIN_REUSE]), []).append(i)
         return donors
 
@@ -240,7 +244,7 @@ class StaticRunner(ModelRunner):
                     best, donor = shared, i
             slot, shared = -1, 0
             if use_pool and not req.output_ids:  # a retracted request re-prefills its tokens
-                slot, shared = self.pool.best(req.input_ids, self.weight_version)
+                slot, shared = self.pool.best(req.input_ids, self._kv_epoch)
             from_pool = shared > best
             if from_pool:  # a finished request's tokens: the conversation's previous turn
                 best, donor = shared, slot
@@ -282,6 +286,7 @@ class StaticRunner(ModelRunner):
         for i, (r, q, s) in enumerate(zip(reqs, seqs, starts, strict=True)):
             if not r.output_ids:
                 r.start_version = self.weight_version  # the version of its first token
+            r.kv_epoch = self._kv_epoch  # its KV, prompt and tokens so far, made now
             ids[i, : len(q) - s] = torch.tensor(q[s:], dtype=torch.long)
         lens = [len(q) for q in seqs]
         dev = self.device
@@ -613,11 +618,11 @@ class StaticRunner(ModelRunner):
         if park:
             for i, slot in where.items():
                 req, written = freed[i]
-                if req.start_version == self.weight_version and not req.version_marks:
+                if req.kv_epoch == self._kv_epoch:  # every token's KV made by these weights
                     seq = req.input_ids + req.output_ids
                     # graph padding rows write at the last position (``_sync_rows``): keep out
                     n = min(written, len(seq), self.cache.max_len - 1)
-                    self.pool.park(slot, seq[:n], self.weight_version)
+                    self.pool.park(slot, seq[:n], self._kv_epoch)
                 else:
                     self.pool.drop([slot])
         del self.slots[keep_n:], self.lens[keep_n:]

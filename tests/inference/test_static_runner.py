@@ -167,6 +167,37 @@ def test_weight_update_between_steps_changes_the_next_tokens(
         runner.shutdown()
 
 
+def test_new_weights_without_a_new_version_never_reuse_older_kv(
+    tiny_model: Path, tiny_model_b: Path
+) -> None:
+    """SGLang's collective update without ``weight_version`` overwrites the weights and keeps
+    the version: a conversation's next turn must not copy its first turn's parked KV (made by
+    the old weights), or its logprobs are the old model's."""
+    model_b = AutoModelForCausalLM.from_pretrained(tiny_model_b, dtype=torch.float32).eval()
+    runner = _runner(tiny_model)
+    assert isinstance(runner, StaticRunner)
+    try:
+        sp = RequestParams(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=2)
+        turn1 = list(range(40, 80))
+        first = _submit(runner, [turn1], [sp], "t1")[0]
+        assert runner.pool.entries  # turn 1's KV is parked
+
+        def overwrite() -> None:
+            apply_named_tensors(runner.model, dict(model_b.state_dict()))
+            runner.weights_changed()
+
+        runner.call(overwrite).result(timeout=60)
+        hits = runner.stats["pool_hit_tokens"]
+        turn2 = [*turn1, *first.output_ids, 7, 8, 9]
+        second = _submit(runner, [turn2], [sp], "t2")[0]
+        assert second.weight_version == first.weight_version == 0
+        assert runner.stats["pool_hit_tokens"] == hits  # nothing copied from before
+        want = _teacher_forced(model_b, turn2, second.output_ids, 1.0)
+        assert (torch.tensor(second.output_logprobs) - want).abs().max().item() <= 1e-5
+    finally:
+        runner.shutdown()
+
+
 def test_abort_frees_the_slot_for_waiting_requests(tiny_model: Path) -> None:
     runner = _runner(tiny_model, max_batch_size=1)
     try:
