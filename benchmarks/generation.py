@@ -63,10 +63,10 @@ def requests_mix(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int
 
 async def _server_rounds(
     url: str, warmup: list[tuple[list[int], int]], reqs: list[tuple[list[int], int]]
-) -> tuple[float, int, dict[str, float], dict[str, float]]:
+) -> tuple[float, int, list[float], dict[str, float], dict[str, float]]:
     """A warm-up round, then the timed one, through one client (its connections stay open, as
-    in training): wall time, tokens, the engine's counters after warm-up and after the timed
-    round, and the client's side of the timed round (when the first and last answers came)."""
+    in training): wall time, tokens, when each answer came (seconds into the round, sorted),
+    and the server's counters after warm-up and after the timed round."""
     import httpx2
 
     from agentrl.inference.client import InferenceClient
@@ -91,12 +91,11 @@ async def _server_rounds(
         elapsed = time.perf_counter() - start
         after = await engine()
         ends = sorted(t - start for _, t in done)
-        side = {"first_answer_s": ends[0], "last_answer_s": ends[-1]}
-        return elapsed, sum(n for n, _ in done), {**before, **side}, after
+        return elapsed, sum(n for n, _ in done), ends, before, after
 
 
 def round_breakdown(
-    elapsed: float, before: dict[str, float], after: dict[str, float]
+    elapsed: float, answers: list[float], before: dict[str, float], after: dict[str, float]
 ) -> dict[str, float]:
     """Where a timed round's wall time went, from the engine's counters (seconds): the engine
     thread with work (``busy``: holding a burst back, prefills, decode steps, the rest of its
@@ -106,10 +105,7 @@ def round_breakdown(
     def delta(key: str) -> float:
         return float(after.get(key, 0.0)) - float(before.get(key, 0.0))
 
-    steps = delta("decode_steps")
-    decode = steps * float(after.get("decode_ms_per_step", 0.0)) / 1e3
-    if "decode_s" in after:
-        decode = delta("decode_s")
+    decode = delta("decode_s")  # 0 on the dynamic engine, which does not split its time
     busy, gather, prefill = delta("busy_s"), delta("gather_s"), delta("prefill_s")
     collector = sum(delta(f"gc_gen{g}_s") for g in range(3))
     return {
@@ -118,13 +114,13 @@ def round_breakdown(
         "gather": gather,
         "prefill": prefill,
         "decode": decode,
-        "decode_steps": steps,
+        "decode_steps": delta("decode_steps"),
         "prefills": delta("prefill_forwards"),
         "engine_other": busy - gather - prefill - decode,
         "gc_pauses": collector,
         "outside_engine": elapsed - busy,
-        "first_answer": float(before.get("first_answer_s", 0.0)),
-        "last_answer": float(before.get("last_answer_s", 0.0)),
+        "first_answer": answers[0],
+        "last_answer": answers[-1],
     }
 
 
@@ -159,13 +155,15 @@ def run_server(
             # warm-up on other prompts of the same mix: the timed round's prompts must not be
             # in the prefix pool already (transformers gets no such head start)
             warmup = requests_mix(c, args.vocab, seed=1)
-            elapsed, tokens, before, after = asyncio.run(_server_rounds(server.url, warmup, reqs))
+            elapsed, tokens, answers, before, after = asyncio.run(
+                _server_rounds(server.url, warmup, reqs)
+            )
             want = sum(n for _, n in reqs)
             if tokens != want:
                 raise RuntimeError(f"server-{engine} gave {tokens} tokens, asked for {want}")
             figures[c] = tokens / elapsed
             print(f"server-{engine} c={c}: {figures[c]:.0f} tokens/s ({elapsed:.2f} s)", flush=True)
-            parts = round_breakdown(elapsed, before, after)
+            parts = round_breakdown(elapsed, answers, before, after)
             print(
                 f"server-{engine} c={c} round (s): "
                 + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()),

@@ -161,12 +161,13 @@ class Decoder:
             mask = mask.repeat(1, 1, group, 1)
         rows = torch.arange(n, device=ids.device)[:, None].expand(n, t)  # (N, T)
         slots = slice(first_slot, first_slot + n)
-        delta = torch.zeros_like(x)  # each layer's MLP output, added with the next one's norm
+        delta: torch.Tensor | None = None  # a layer's MLP output, added with the next one's norm
         with _attention_backends(ids.device, t):
             for i, layer in enumerate(self.layers):
                 x, delta = self._layer(
                     i, layer, x, delta, cache, slots, rows, pos, cos, sin, mask, key_len
                 )
+        assert delta is not None  # the model has layers
         if last is None:
             x_last, d_last = x[:, -1], delta[:, -1]
         else:
@@ -181,7 +182,7 @@ class Decoder:
         i: int,
         layer: Any,
         x: torch.Tensor,  # (N, T, H) the residual stream before the last MLP's output
-        delta: torch.Tensor,  # (N, T, H) that output
+        delta: torch.Tensor | None,  # (N, T, H) that output (None before the first layer)
         cache: SlotCache,
         slots: slice,
         rows: torch.Tensor,  # (N, T)
@@ -196,7 +197,10 @@ class Decoder:
         n, t = rows.shape
         attn = layer.self_attn
         norm = layer.input_layernorm
-        x, h = self._add_norm(x, delta, norm.weight, norm.variance_epsilon)
+        if delta is None:
+            h = _rms_norm(norm, x)
+        else:
+            x, h = self._add_norm(x, delta, norm.weight, norm.variance_epsilon)
         qkv = F.linear(h, *self.qkv[i])  # (N, T, (Hq + 2 Hkv) D)
         qk = qkv[..., : (self.n_heads + self.n_kv) * self.head_dim]
         qk = qk.view(n, t, self.n_heads + self.n_kv, self.head_dim)
