@@ -167,7 +167,7 @@ class PhaseTimer:
 
 
 def one_round(runner: Any, reqs: list[tuple[list[int], int]], tag: str) -> tuple[float, int]:
-    from agentrl.inference.runner import RequestParams, RunnerRequest
+    from agentrl.inference.runner_types import RequestParams, RunnerRequest
 
     futs: list[concurrent.futures.Future[Any]] = []
     start = time.perf_counter()

@@ -20,7 +20,7 @@ import torch
 from agentrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agentrl.inference.runner import RunnerRequest
+    from agentrl.inference.runner_types import RunnerRequest
 
 
 def prefill_inputs(

@@ -8,9 +8,9 @@ DeprecationWarning; write ``ModelRunner``, ``RunnerRequest`` and ``RunnerResult`
 import warnings
 
 from agentrl.inference.runner import ModelRunner as Engine  # noqa: F401
-from agentrl.inference.runner import RequestParams  # noqa: F401
-from agentrl.inference.runner import RunnerRequest as EngineRequest  # noqa: F401
-from agentrl.inference.runner import RunnerResult as EngineResult  # noqa: F401
+from agentrl.inference.runner_types import RequestParams  # noqa: F401
+from agentrl.inference.runner_types import RunnerRequest as EngineRequest  # noqa: F401
+from agentrl.inference.runner_types import RunnerResult as EngineResult  # noqa: F401
 
 warnings.warn(
     "agentrl.inference.engine.Engine is now agentrl.inference.runner.ModelRunner "

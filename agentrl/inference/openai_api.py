@@ -53,7 +53,7 @@ from agentrl.inference.openai_chat import (
     usage_chunk,
 )
 from agentrl.inference.responses import error_response
-from agentrl.inference.runner import RequestParams, RunnerResult
+from agentrl.inference.runner_types import RequestParams, RunnerResult
 from agentrl.inference.wire import WireSamplingParams
 from agentrl.tool_parsers import get_tool_parser
 from agentrl.vision import ImageInputs, has_images, image_urls

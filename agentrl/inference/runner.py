@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import torch
@@ -47,59 +47,13 @@ from agentrl.cpus import available_cpus
 from agentrl.errors import ConfigError
 from agentrl.inference.batch_state import BatchState, prefill_inputs
 from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
+from agentrl.inference.runner_types import RunnerRequest, RunnerResult
 from agentrl.inference.sampling import RowSampling, sample_rows
 from agentrl.inference.wire import finish_reason_dict
 from agentrl.vision import ImageInputs, Vision, mrope_positions
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RequestParams:
-    """What the engine needs to run one request (already validated by the server)."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop_token_ids: frozenset[int] = frozenset()
-    stop_strings: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    seed: int | None = None
-    top_logprobs: int = 0
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunnerResult:
-    rid: str
-    output_ids: list[int]  # [C]
-    output_logprobs: list[float]  # [C]
-    finish_reason: dict[str, object]  # SGLang finish_reason JSON
-    weight_version: int
-    output_versions: list[int] | None  # [C]; None when one version made every token
-    prompt_tokens: int
-    top_logprobs: list[list[tuple[float, int]]] | None = None
-    error: str | None = None  # set when the engine failed (the server answers 500)
-
-
-@dataclass(eq=False, kw_only=True)
-class RunnerRequest:
-    """One request and its progress. Mutated only by the engine thread."""
-
-    rid: str
-    input_ids: list[int]  # [P]
-    params: RequestParams
-    on_done: Callable[[RunnerResult], None]
-    on_token: Callable[[int], None] | None = None  # called (engine thread) per sampled token
-    images: ImageInputs | None = None  # the prompt's images (a vision-language model)
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top: list[list[tuple[float, int]]] = field(default_factory=list)
-    version_marks: list[tuple[int, int]] = field(default_factory=list)  # (n_tokens, version)
-    start_version: int = 0
-    kv_epoch: int = -1  # static engine: the weights its KV was computed with (see weights_changed)
-    row: RowSampling | None = None
 
 
 class ModelRunner:

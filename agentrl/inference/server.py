@@ -50,7 +50,8 @@ from agentrl.errors import ConfigError, TokenizationError
 from agentrl.http import HttpGuard, is_loopback, json_response, parse_body
 from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
 from agentrl.inference.responses import error_response
-from agentrl.inference.runner import ModelRunner, RequestParams, RunnerRequest, RunnerResult
+from agentrl.inference.runner import ModelRunner
+from agentrl.inference.runner_types import RequestParams, RunnerRequest, RunnerResult
 from agentrl.inference.static_runner import build_runner
 from agentrl.inference.wire import (
     GenerateRequest,

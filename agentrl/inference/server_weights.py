@@ -45,7 +45,7 @@ from agentrl import heap
 from agentrl.errors import ConfigError
 from agentrl.http import json_response, parse_body
 from agentrl.inference.responses import error_response, parse_version, update_failure
-from agentrl.inference.runner import RequestParams
+from agentrl.inference.runner_types import RequestParams
 from agentrl.inference.server_collective import add_collective_routes
 from agentrl.inference.weights import (
     CHECKSUM_KINDS,

@@ -46,7 +46,8 @@ from agentrl.inference.buckets import (
 from agentrl.inference.decoder import Decoder, SlotCache, check_supported
 from agentrl.inference.device_sampling import sample_on_device
 from agentrl.inference.prefix_pool import PrefixPool, common_prefix
-from agentrl.inference.runner import ModelRunner, RunnerRequest
+from agentrl.inference.runner import ModelRunner
+from agentrl.inference.runner_types import RunnerRequest
 
 logger = logging.getLogger(__name__)
 MIN_REUSE = 16

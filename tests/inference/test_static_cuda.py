@@ -15,7 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.inference.buckets import decode_buckets
-from agentrl.inference.runner import ModelRunner, RequestParams, RunnerRequest, RunnerResult
+from agentrl.inference.runner import ModelRunner
+from agentrl.inference.runner_types import RequestParams, RunnerRequest, RunnerResult
 from agentrl.inference.static_runner import StaticRunner
 from agentrl.inference.weights import apply_named_tensors
 from agentrl.tiny import make_tiny_model

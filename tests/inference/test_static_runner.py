@@ -20,7 +20,8 @@ from transformers import AutoModelForCausalLM
 from agentrl.errors import ConfigError
 from agentrl.inference.buckets import cache_shape, decode_buckets, graph_key
 from agentrl.inference.device_sampling import sample_on_device, uniforms
-from agentrl.inference.runner import ModelRunner, RequestParams, RunnerRequest, RunnerResult
+from agentrl.inference.runner import ModelRunner
+from agentrl.inference.runner_types import RequestParams, RunnerRequest, RunnerResult
 from agentrl.inference.static_runner import StaticRunner, build_runner
 from agentrl.inference.weights import apply_named_tensors
 from agentrl.tiny import make_tiny_model
