@@ -47,10 +47,13 @@ from agentrl.cpus import available_cpus
 from agentrl.errors import ConfigError
 from agentrl.inference.batch_state import BatchState, prefill_inputs
 from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
-from agentrl.inference.runner_types import RunnerRequest, RunnerResult
+from agentrl.inference.runner_types import RequestParams, RunnerRequest, RunnerResult
 from agentrl.inference.sampling import RowSampling, sample_rows
 from agentrl.inference.wire import finish_reason_dict
 from agentrl.vision import ImageInputs, Vision, mrope_positions
+
+# The request types live in runner_types.py and stay importable from here, their public home.
+__all__ = ["ModelRunner", "RequestParams", "RunnerRequest", "RunnerResult"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
