@@ -363,3 +363,22 @@ def test_shipped_problem_statements_leak_no_fix_and_no_line_number() -> None:
         assert not t.metadata["file"].startswith("tests/") and "test_" not in str(
             t.metadata["file"]
         )
+
+
+@needs_local
+def test_swe_cli_synth_keeps_only_the_named_family(tiny: Prepared, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from envs.swe.cli import swe_app
+
+    runner = CliRunner()
+    out = tmp_path / "tasks.jsonl"
+    repos = str(tiny.root.parent)
+    base = ["synth", "calc", "--repos-dir", repos, "--out", str(out), "--per-repo", "3"]
+    r = runner.invoke(swe_app, [*base, "--family", "negate_condition"])
+    assert r.exit_code == 0, r.output
+    tasks = load_tasks(out)
+    assert tasks and {t.metadata["family"] for t in tasks} == {"negate_condition"}, r.output
+    r = runner.invoke(swe_app, [*base, "--family", "negate"])
+    assert r.exit_code != 0 and "unknown mutation family negate" in r.output, r.output
+    assert "negate_condition" in r.output  # the error lists the families there are
