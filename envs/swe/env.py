@@ -49,12 +49,13 @@ from agentrl.errors import ConfigError, EnvError, SandboxError
 from agentrl.sandbox import Sandbox, make_sandbox, new_name
 from agentrl.splits import DEFAULT_EVAL_FRACTION, split_of
 from agentrl.types import Message, ToolCall
+from envs.swe.demo import editor_edits, sed_fixes, sed_gives_the_fix
 from envs.swe.grade import RepoEnv, grade
 from envs.swe.task import SWETask, load_tasks
 
 logger = logging.getLogger(__name__)
 Mode = Literal["tools", "bash"]
-DemoEdit = Literal["hunk", "line"]
+DemoEdit = Literal["hunk", "line", "sed"]
 FIXED_DATE = "2026-01-01T00:00:00Z"
 _GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "agentrl",
@@ -155,6 +156,7 @@ class SWEEnv(Env):
         max_issue_chars: int = 0,
         demo_probe: str = "",
         demo_edit: DemoEdit = "hunk",
+        demo_sed: str = "",
         grade_empty_patch: bool = True,
         system_prompt: str = "",
         tool_names: list[str] | None = None,
@@ -171,7 +173,12 @@ class SWEEnv(Env):
           failing tests' files (e.g. a search that finds the bug).
         - ``demo_edit``: ``"hunk"``: the demonstration replaces the gold patch's hunks with
           their context; ``"line"``: only the changed line, stripped, with the path relative to
-          the workspace, where that text is unique in the file (else the hunk).
+          the workspace, where that text is unique in the file (else the hunk); ``"sed"``: one
+          ``sed -i '<line><demo_sed>' <path>`` per changed line, where that gives the gold line
+          (else as ``"line"``), so the model copies a path and a line number
+          (``envs.swe.demo``).
+        - ``demo_sed``: the sed command of ``demo_edit="sed"``, e.g. ``s/not (\\(.*\\))/\\1/``
+          to undo a negated condition.
         - ``grade_empty_patch``: False scores an empty diff 0 without grading it (a task's base
           fails its tests: ``agentrl swe validate`` checks it), which saves a sandbox and a
           test run per idle rollout.
@@ -181,8 +188,16 @@ class SWEEnv(Env):
         """
         if mode not in ("tools", "bash"):
             raise ConfigError(f"swe/Repo-v0: mode must be 'tools' or 'bash', got {mode!r}")
-        if demo_edit not in ("hunk", "line"):
-            raise ConfigError(f"swe/Repo-v0: demo_edit must be 'hunk' or 'line', got {demo_edit!r}")
+        if demo_edit not in ("hunk", "line", "sed"):
+            raise ConfigError(
+                f"swe/Repo-v0: demo_edit must be 'hunk', 'line' or 'sed', got {demo_edit!r}"
+            )
+        if (demo_edit == "sed") != bool(demo_sed) or "'" in demo_sed or "\n" in demo_sed:
+            raise ConfigError(
+                "swe/Repo-v0: demo_edit='sed' needs demo_sed= (a sed command without single "
+                "quotes or newlines, e.g. 's/not (\\(.*\\))/\\1/'), and demo_sed is only for "
+                f"demo_edit='sed'; got demo_edit={demo_edit!r}, demo_sed={demo_sed!r}"
+            )
         if max_issue_chars < 0:
             raise ConfigError(f"swe/Repo-v0: max_issue_chars must be >= 0, got {max_issue_chars}")
         if not repos_dir and not repo_envs:
@@ -196,6 +211,7 @@ class SWEEnv(Env):
         self.max_issue_chars = max_issue_chars
         self.demo_probe = demo_probe
         self.demo_edit: DemoEdit = demo_edit
+        self.demo_sed = demo_sed
         self.grade_empty_patch = grade_empty_patch
         self.repos_dir = repos_dir
         self.repo_envs = {
@@ -414,22 +430,42 @@ class SWEEnv(Env):
             run = f"python -m pytest -q -x {' '.join(shlex.quote(f) for f in present)}"
             probes = [self.demo_probe] if self.demo_probe else [run] if present else []
             apply = f"git apply <<'AGENTRL_PATCH'\n{task.patch.rstrip()}\nAGENTRL_PATCH"
+            seds = await self._sed_commands(sb, task)
             if self.mode == "bash":
-                return await self._bash_demo(sb, probes, apply)
-            return await self._tools_demo(sb, probes, task.patch)
+                return await self._bash_demo(sb, probes, seds or [apply])
+            return await self._tools_demo(sb, probes, task.patch, seds)
 
-    async def _bash_demo(self, sb: Sandbox, probes: list[str], apply: str) -> list[Message]:
+    async def _sed_commands(self, sb: Sandbox, task: SWETask) -> list[str] | None:
+        """``demo_edit="sed"``: the fix as sed commands, or None (a warning) where the gold
+        patch is not one changed line per hunk or ``demo_sed`` does not give the gold line."""
+        if self.demo_edit != "sed":
+            return None
+        fixes = sed_fixes(task.patch)
+        if fixes and all([await sed_gives_the_fix(sb, f, self.demo_sed) for f in fixes]):
+            return [f.command(self.demo_sed) for f in fixes]
+        logger.warning(
+            "%s: demo_sed %r does not give the gold patch's lines; its demonstration edits "
+            "with the editor instead",
+            task.instance_id,
+            self.demo_sed,
+        )
+        return None
+
+    async def _bash_demo(self, sb: Sandbox, probes: list[str], fixes: list[str]) -> list[Message]:
         out: list[Message] = []
-        for cmd in [*probes, apply]:
+        for cmd in [*probes, *fixes]:
             out.append(Message(role="assistant", content=f"```bash\n{cmd}\n```"))
             out.append(await self._run_block(sb, cmd))
         out.append(Message(role="assistant", content=f"```bash\n{SUBMIT_COMMAND}\n```"))
         return out
 
-    async def _tools_demo(self, sb: Sandbox, probes: list[str], patch: str) -> list[Message]:
+    async def _tools_demo(
+        self, sb: Sandbox, probes: list[str], patch: str, seds: list[str] | None
+    ) -> list[Message]:
         assert self.tools is not None
-        calls = [ToolCall(name="bash", arguments={"command": c}) for c in probes]
-        for path, old, new, line in await _edits(sb, patch, lines=self.demo_edit == "line"):
+        calls = [ToolCall(name="bash", arguments={"command": c}) for c in [*probes, *(seds or [])]]
+        lines = self.demo_edit != "hunk"
+        for path, old, new, line in [] if seds else await editor_edits(sb, patch, lines=lines):
             if old is None:  # not expressible as a unique replacement
                 args = {"command": f"git apply <<'AGENTRL_PATCH'\n{new.rstrip()}\nAGENTRL_PATCH"}
                 calls.append(ToolCall(name="bash", arguments=args))
@@ -540,42 +576,3 @@ def select(
 
 def _removed_lines(patch: str) -> list[str]:
     return [ln[1:] for ln in patch.splitlines() if ln.startswith("-") and not ln.startswith("---")]
-
-
-async def _edits(
-    sb: Sandbox, patch: str, *, lines: bool = False
-) -> list[tuple[str, str | None, str, bool]]:
-    """A patch as editor replacements: (path, old text, new text, False) per hunk, or (path,
-    None, the file's section of the patch, False) where a hunk adds or deletes a file or its
-    old text is not unique in the file. ``lines``: a hunk that changes one line becomes
-    (path, old line stripped, new line stripped, True) where the old line is unique."""
-    from envs.swe.grade import split_patch
-
-    out: list[tuple[str, str | None, str, bool]] = []
-    for paths, section in split_patch(patch):
-        path = paths[-1] if paths else ""
-        hunks = re.split(r"^@@[^\n]*@@[^\n]*\n", section, flags=re.MULTILINE)[1:]
-        if not hunks or "\nnew file mode" in section or "\ndeleted file mode" in section:
-            out.append((path, None, section, False))
-            continue
-        try:
-            text = (await sb.read_file(path)).decode()
-        except Exception:
-            out.append((path, None, section, False))
-            continue
-        edits: list[tuple[str, str, bool]] = []
-        for h in hunks:
-            hunk = [ln for ln in h.splitlines(keepends=True) if not ln.startswith("\\")]
-            minus = [ln[1:].strip() for ln in hunk if ln[:1] == "-"]
-            plus = [ln[1:].strip() for ln in hunk if ln[:1] == "+"]
-            if lines and len(minus) == len(plus) == 1 and minus[0] and text.count(minus[0]) == 1:
-                edits.append((minus[0], plus[0], True))
-                continue
-            old = "".join(ln[1:] for ln in hunk if ln[:1] in (" ", "-"))
-            new = "".join(ln[1:] for ln in hunk if ln[:1] in (" ", "+"))
-            edits.append((old, new, False))
-        if all(text.count(old) == 1 for old, _, _ in edits):
-            out.extend((path, old, new, line) for old, new, line in edits)
-        else:
-            out.append((path, None, section, False))
-    return out

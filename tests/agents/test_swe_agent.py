@@ -221,3 +221,30 @@ async def test_a_curriculum_demonstration_runs_its_probe_and_still_solves_the_ta
         assert done and reward == 1.0, info["report"]
     finally:
         await env.aclose()
+
+
+@pytest.mark.parametrize("mode", ["tools", "bash"])
+async def test_a_sed_demonstration_edits_by_line_number_and_solves_the_task(
+    swe_sample: Any, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """demo_edit=sed: one ``sed -i '<line><demo_sed>' <path>`` (checked against the gold line
+    first); a demo_sed that does not give the gold line falls back to the editor, saying so."""
+    from agentrl.env import make_env
+
+    for expr, uses_sed in [("s/a - b/a + b/", True), ("s/a - b/b + a/", False)]:
+        sample = swe_sample(mode=mode, demo_edit="sed", demo_sed=expr)
+        env = make_env(sample.env_id, **sample.env_kwargs)
+        try:
+            await env.areset(seed=0)
+            demo = await env.ademonstration()
+            assert demo is not None
+            actions = [m for m in demo if m.role == "assistant"]
+            fix = str(actions[1].tool_calls[0].arguments if mode == "tools" else actions[1].text)
+            assert (f"sed -i '2{expr}' calc/ops.py" in fix) is uses_sed, fix
+            if not uses_sed:
+                assert "does not give the gold patch's lines" in caplog.text
+            for action in actions:
+                _, reward, done, _, info = await env.astep(action)
+            assert done and reward == 1.0, info["report"]
+        finally:
+            await env.aclose()

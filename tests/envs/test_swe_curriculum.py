@@ -15,7 +15,8 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.splits import split_of
-from envs.swe.env import SWEEnv, _edits, _removed_lines, select
+from envs.swe.demo import editor_edits, sed_fixes
+from envs.swe.env import SWEEnv, _removed_lines, select
 from envs.swe.task import SWETask, load_tasks
 
 TASKS = Path(__file__).parents[2] / "data" / "swe" / "tasks.jsonl"
@@ -63,7 +64,10 @@ def test_prompt_options_shorten_what_the_model_reads() -> None:
     [
         ({"tool_names": ["bash"]}, "submit included"),
         ({"tool_names": ["bash", "submit", "grep"]}, "unknown: \\['grep'\\]"),
-        ({"demo_edit": "lines"}, "demo_edit must be 'hunk' or 'line'"),
+        ({"demo_edit": "lines"}, "demo_edit must be 'hunk', 'line' or 'sed'"),
+        ({"demo_edit": "sed"}, "demo_edit='sed' needs demo_sed="),
+        ({"demo_sed": "s/a/b/"}, "demo_sed is only for"),
+        ({"demo_edit": "sed", "demo_sed": "s/'/b/"}, "without single"),
         ({"max_issue_chars": -1}, "max_issue_chars must be >= 0"),
     ],
 )
@@ -73,7 +77,7 @@ def test_bad_curriculum_options_are_config_errors(kw: dict[str, object], match: 
 
 
 class _Files:
-    """Only what ``_edits`` uses of a sandbox: reading a file."""
+    """Only what ``editor_edits`` uses of a sandbox: reading a file."""
 
     def __init__(self, files: dict[str, str]) -> None:
         self.files = files
@@ -97,12 +101,12 @@ PATCH = """diff --git a/pkg/mod.py b/pkg/mod.py
 def test_a_line_demonstration_replaces_only_the_changed_line_where_it_is_unique() -> None:
     src = "def f(x):\n    if not (x):\n        return 1\n    return 2\n"
     sb = _Files({"pkg/mod.py": src})
-    [line] = asyncio.run(_edits(sb, PATCH, lines=True))  # type: ignore[arg-type]
+    [line] = asyncio.run(editor_edits(sb, PATCH, lines=True))  # type: ignore[arg-type]
     assert line == ("pkg/mod.py", "if not (x):", "if x:", True)
-    [hunk] = asyncio.run(_edits(sb, PATCH))  # type: ignore[arg-type]
+    [hunk] = asyncio.run(editor_edits(sb, PATCH))  # type: ignore[arg-type]
     assert hunk[1] is not None and hunk[1].startswith("def f(x):\n") and hunk[3] is False
     twice = {"pkg/mod.py": src + "\n\ndef g(x):\n    if not (x):\n        return 0\n"}
-    [fallback] = asyncio.run(_edits(_Files(twice), PATCH, lines=True))  # type: ignore[arg-type]
+    [fallback] = asyncio.run(editor_edits(_Files(twice), PATCH, lines=True))  # type: ignore[arg-type]
     assert fallback[3] is False and fallback[1] is not None and "return 1" in fallback[1]
 
 
@@ -111,3 +115,13 @@ def test_tasks_without_a_family_are_dropped_by_a_family_filter() -> None:
     bare = SWETask(**{**{f: getattr(row, f) for f in row.__slots__}, "metadata": {}})
     with pytest.raises(ConfigError, match="keeps no task"):
         select([bare], families=["negate_condition"])
+
+
+def test_a_sed_demonstration_names_the_changed_line_and_its_gold_text() -> None:
+    [fix] = sed_fixes(PATCH) or []
+    assert (fix.path, fix.line, fix.fixed) == ("pkg/mod.py", 2, "    if x:")
+    assert fix.command("s/not (\\(.*\\))/\\1/") == "sed -i '2s/not (\\(.*\\))/\\1/' pkg/mod.py"
+    two_lines = PATCH.replace("-    if not (x):\n", "-    if not (x):\n-    pass\n")
+    assert sed_fixes(two_lines.replace("@@ -1,4", "@@ -1,5")) is None
+    later = PATCH.replace("@@ -1,4 +1,4 @@", "@@ -40,4 +40,4 @@")
+    assert [f.line for f in sed_fixes(later) or []] == [41]
