@@ -104,17 +104,24 @@ async def _demonstration(sample: Sample) -> Conversation | None:
         await env.aclose()
 
 
+DEMO_CONCURRENCY = 32
+"""Demonstrations recorded at once (each env open at a time may hold a sandbox or a browser)."""
+
+
 def demonstrations(data: DataConfig, num: int) -> list[Conversation]:
     """Oracle conversations for the first ``num`` train samples of ``data`` (the train split,
     seeds as in RL); no eval-split task is ever among them."""
     samples = [data.sample(i) for i in range(num)]
 
     async def all_demos() -> list[Conversation | None]:
+        # Bounded: each demonstration may hold a sandbox (SWE, GUI) while it runs.
+        slots = asyncio.Semaphore(DEMO_CONCURRENCY)
         with progress("SFT demonstrations", len(samples)) as advance:
 
             async def one(sample: Sample) -> Conversation | None:
                 try:
-                    return await _demonstration(sample)
+                    async with slots:
+                        return await _demonstration(sample)
                 finally:
                     advance()
 

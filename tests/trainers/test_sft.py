@@ -79,6 +79,35 @@ def test_demonstrations_come_from_the_async_oracle() -> None:
     assert all(c.messages[-1].text.isdigit() for c in convs)
 
 
+class _CountingOracle(_ActingOracle):
+    """Counts the oracles running at once (each could hold a sandbox)."""
+
+    running = peak = 0
+
+    async def ademonstration(self) -> list[Message] | None:
+        cls = type(self)
+        cls.running += 1
+        cls.peak = max(cls.peak, cls.running)
+        try:
+            await asyncio.sleep(0.01)
+            return await super().ademonstration()
+        finally:
+            cls.running -= 1
+
+
+def test_demonstrations_are_recorded_a_bounded_number_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import trainers.sft as sft
+
+    monkeypatch.setattr(sft, "DEMO_CONCURRENCY", 4)
+    if "test-sft/Counting-v0" not in ENVS:
+        register_env("test-sft/Counting-v0", _CountingOracle)
+    data = DataConfig(envs=[EnvEntry(id="test-sft/Counting-v0")])
+    assert len(demonstrations(data, 20)) == 20
+    assert _CountingOracle.peak == 4
+
+
 def test_conversation_without_assistant_turn_is_rejected(template: ChatTemplate) -> None:
     with pytest.raises(ConfigError, match="assistant"):
         conversation_segment(template, Conversation(messages=[Message(role="user", content="hi")]))
