@@ -231,8 +231,11 @@ async def test_a_sed_demonstration_edits_by_line_number_and_solves_the_task(
     first); a demo_sed that does not give the gold line falls back to the editor, saying so."""
     from agentrl.env import make_env
 
-    for expr, uses_sed in [("s/a - b/a + b/", True), ("s/a - b/b + a/", False)]:
-        sample = swe_sample(mode=mode, demo_edit="sed", demo_sed=expr)
+    cases = [("s/a - b/a + b/", True, None), ("s/a - b/b + a/", False, None)]
+    if mode == "tools":  # without the editor offered, the fallback is git apply
+        cases.append(("s/a - b/b + a/", False, ["bash", "submit"]))
+    for expr, uses_sed, tools in cases:
+        sample = swe_sample(mode=mode, demo_edit="sed", demo_sed=expr, tool_names=tools)
         env = make_env(sample.env_id, **sample.env_kwargs)
         try:
             await env.areset(seed=0)
@@ -243,6 +246,8 @@ async def test_a_sed_demonstration_edits_by_line_number_and_solves_the_task(
             assert (f"sed -i '2{expr}' calc/ops.py" in fix) is uses_sed, fix
             if not uses_sed:
                 assert "does not give the gold patch's lines" in caplog.text
+            if tools:
+                assert "git apply" in fix and {a.tool_calls[0].name for a in actions} <= {*tools}
             for action in actions:
                 _, reward, done, _, info = await env.astep(action)
             assert done and reward == 1.0, info["report"]
