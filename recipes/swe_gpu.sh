@@ -35,7 +35,7 @@ agentrl() { "$py" -c 'from agentrl.cli import main; main()' "$@"; }
 if ls "$sdists"/*.tar.gz >/dev/null 2>&1; then
   mkdir -p "$repos/_downloads" && cp -n "$sdists"/*.tar.gz "$repos/_downloads/"
 fi
-agentrl swe prepare --out "$repos" --tasks data/swe/tasks.jsonl | tail -n 1
+agentrl swe prepare --out "$repos" --tasks data/swe/tasks.jsonl --tasks data/swe/negate.jsonl | tail -n 1
 
 "$py" - <<'PY'
 import asyncio

@@ -36,7 +36,8 @@ def prepare_cmd(
         Path, typer.Option("--out", help="Folder for repos, envs and downloads (not under /tmp).")
     ] = Path("/var/tmp/agentrl-swe"),
     tasks: Annotated[
-        Path | None, typer.Option("--tasks", help="Also make the base commits of these tasks.")
+        list[Path] | None,
+        typer.Option("--tasks", help="Also make the base commits of these tasks (repeatable)."),
     ] = None,
 ) -> None:
     """Download the pinned sdists, check their sha256, commit them, build their test envs."""
@@ -46,8 +47,8 @@ def prepare_cmd(
 
     t0 = time.perf_counter()
     prepared = prepare(names or [], out)
-    if tasks is not None:
-        rows = load_tasks(tasks)
+    if tasks:
+        rows = [row for path in tasks for row in load_tasks(path)]
         missing = sorted({t.repo for t in rows} - set(prepared))
         if missing:
             prepared.update(prepare(missing, out))

@@ -30,6 +30,9 @@ from tests.envs.swe_repo import needs_local
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "data" / "swe" / "tasks.jsonl"
+NEGATE = (
+    ROOT / "data" / "swe" / "negate.jsonl"
+)  # the negated-condition curriculum (recipes/swe.yaml)
 
 SNIPPET = '''\
 def f(a, b, xs):
@@ -281,9 +284,10 @@ def test_prepare_is_reproducible_idempotent_and_checks_the_hash(tmp_path: Path) 
 # --- the shipped task set -----------------------------------------------------------------
 
 
-def test_shipped_tasks_split_by_repository() -> None:
-    tasks = load_tasks(SHIPPED)
-    assert len(tasks) >= 500 and len({t.repo for t in tasks}) >= 5
+@pytest.mark.parametrize("shipped", [SHIPPED, NEGATE], ids=["tasks", "negate"])
+def test_shipped_tasks_split_by_repository(shipped: Path) -> None:
+    tasks = load_tasks(shipped)
+    assert len(tasks) >= (500 if shipped == SHIPPED else 300) and len({t.repo for t in tasks}) >= 5
     train = [t for t in tasks if split_of(t.repo) == "train"]
     held = [t for t in tasks if split_of(t.repo) == "eval"]
     assert not {t.repo for t in train} & {t.repo for t in held}
@@ -294,30 +298,22 @@ def test_shipped_tasks_split_by_repository() -> None:
 
 @pytest.mark.slow
 def test_prepare_and_validate_a_sample_of_the_shipped_tasks(tmp_path: Path) -> None:
-    """Network to PyPI: prepare every pinned repo, then grade 10 shipped tasks in sandboxes."""
+    """Network to PyPI: prepare every pinned repo and both task files' base commits, then grade
+    10 tasks of tasks.jsonl and 5 of the curriculum's negate.jsonl in sandboxes."""
     if not Path("/usr/bin/python3").exists():
         pytest.skip("no system Python under /usr")
     out = Path(tempfile.mkdtemp(prefix="agentrl-swe-ci-", dir="/var/tmp"))
     try:
         run = ["agentrl", "swe"]
-        subprocess.run([*run, "prepare", "--out", str(out), "--tasks", str(SHIPPED)], check=True)
-        r = subprocess.run(
-            [
-                *run,
-                "validate",
-                str(SHIPPED),
-                "--repos-dir",
-                str(out),
-                "--sample",
-                "10",
-                "--seed",
-                "0",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        assert "10/10 tasks valid" in r.stdout
+        tasks = ["--tasks", str(SHIPPED), "--tasks", str(NEGATE)]
+        subprocess.run([*run, "prepare", "--out", str(out), *tasks], check=True)
+        for shipped, n in [(SHIPPED, 10), (NEGATE, 5)]:
+            sample = ["--repos-dir", str(out), "--sample", str(n), "--seed", "0"]
+            r = subprocess.run(
+                [*run, "validate", str(shipped), *sample], capture_output=True, text=True
+            )
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+            assert f"{n}/{n} tasks valid" in r.stdout
     finally:
         subprocess.run(["rm", "-rf", str(out)], check=True)
 
@@ -349,8 +345,9 @@ def test_swe_cli_synth_then_validate_exits_non_zero_on_a_bad_task(
     assert r.exit_code == 1 and "0/1 tasks valid" in r.output and "BAD" in r.output, r.output
 
 
-def test_shipped_problem_statements_leak_no_fix_and_no_line_number() -> None:
-    for t in load_tasks(SHIPPED):
+@pytest.mark.parametrize("shipped", [SHIPPED, NEGATE], ids=["tasks", "negate"])
+def test_shipped_problem_statements_leak_no_fix_and_no_line_number(shipped: Path) -> None:
+    for t in load_tasks(shipped):
         n = _first_changed_line(t.patch)
         s = t.problem_statement
         assert f".py:{n}" not in s and f"line {n}" not in s, t.instance_id

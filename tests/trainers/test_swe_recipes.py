@@ -62,7 +62,8 @@ def test_the_swe_recipe_trains_end_to_end_for_two_rl_steps(tmp_path: Path) -> No
         pytest.skip("the local sandbox backend needs bubblewrap")
     repos = os.environ.get("AGENTRL_SWE_REPOS", "/var/tmp/agentrl-swe")
     agentrl = [sys.executable, "-c", "from agentrl.cli import main; main()"]
-    prep = [*agentrl, "swe", "prepare", "--out", repos, "--tasks", "data/swe/tasks.jsonl"]
+    tasks = ["--tasks", "data/swe/tasks.jsonl", "--tasks", "data/swe/negate.jsonl"]
+    prep = [*agentrl, "swe", "prepare", "--out", repos, *tasks]
     subprocess.run(prep, cwd=ROOT, check=True, capture_output=True)
     recipe = yaml.safe_load((ROOT / "recipes/swe.yaml").read_text())
     recipe["data"]["envs"][0]["kwargs"]["repos_dir"] = repos  # lists take no dotted override
