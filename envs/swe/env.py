@@ -445,7 +445,7 @@ class SWEEnv(Env):
             return [f.command(self.demo_sed) for f in fixes]
         logger.warning(
             "%s: demo_sed %r does not give the gold patch's lines; its demonstration edits "
-            "with the editor instead",
+            "with the editor instead (git apply where the editor is not offered)",
             task.instance_id,
             self.demo_sed,
         )
