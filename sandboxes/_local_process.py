@@ -184,6 +184,16 @@ class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
         self.exited.set()
 
 
+def _kill_spawned(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, Any]]) -> None:
+    """A spawn whose caller was cancelled: SIGKILL its process group, release its pipes."""
+    if spawn.cancelled() or spawn.exception() is not None:
+        return
+    transport, _ = spawn.result()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(transport.get_pid(), signal.SIGKILL)
+    transport.close()
+
+
 @dataclass(slots=True)
 class Command:
     """A started process chain and what is needed to kill it and its descendants."""
@@ -203,9 +213,21 @@ class Command:
         **pipes: Any,
     ) -> Command:
         loop = asyncio.get_running_loop()
-        transport, protocol = await loop.subprocess_exec(
-            lambda: _Protocol(loop), *chain, env=env, start_new_session=True, **pipes
+        spawn = asyncio.ensure_future(
+            loop.subprocess_exec(
+                lambda: _Protocol(loop), *chain, env=env, start_new_session=True, **pipes
+            )
         )
+        try:
+            # Never cancelled half-way: asyncio of Python 3.11 cleans up a spawn cancelled
+            # before its pipes are connected by waiting for a wake-up that only comes once
+            # every pipe is connected, i.e. forever (a sandbox closed while its exec agent
+            # started hung there). A cancelled caller leaves the spawn to finish (ms) and kill
+            # what it started.
+            transport, protocol = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            spawn.add_done_callback(_kill_spawned)
+            raise
         return cls(
             asyncio.subprocess.Process(transport, protocol, loop), protocol.exited, leaf, token
         )
