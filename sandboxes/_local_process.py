@@ -184,14 +184,27 @@ class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
         self.exited.set()
 
 
+_closing: set[asyncio.Task[None]] = set()
+
+
 def _kill_spawned(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, Any]]) -> None:
-    """A spawn whose caller was cancelled: SIGKILL its process group, release its pipes."""
+    """A spawn whose caller was cancelled: SIGKILL its process group, then release its pipes
+    once the child watcher has seen it exit (closing first would reap it under the watcher)."""
     if spawn.cancelled() or spawn.exception() is not None:
         return
-    transport, _ = spawn.result()
+    transport, protocol = spawn.result()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(transport.get_pid(), signal.SIGKILL)
-    transport.close()
+
+    async def close_after_exit() -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10.0):
+                await protocol.exited.wait()
+        transport.close()
+
+    task = asyncio.get_running_loop().create_task(close_after_exit())
+    _closing.add(task)  # held until done (the loop keeps only weak references)
+    task.add_done_callback(_closing.discard)
 
 
 @dataclass(slots=True)
