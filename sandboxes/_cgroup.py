@@ -160,12 +160,19 @@ def read_pids(d: Path) -> tuple[int, int] | None:
         return None
 
 
+def tree(d: Path) -> list[Path]:
+    """``d`` and every cgroup under it (parents first). Cgroups come and go while we walk (a
+    sandbox's exec agent may remove its leaf on another event loop): one that vanished
+    mid-walk is skipped, never an error (``Path.rglob`` raised FileNotFoundError)."""
+    return [Path(root) for root, _, _ in os.walk(d)]  # os.walk ignores unreadable directories
+
+
 def pids_in(dirs: list[Path]) -> set[int]:
     pids: set[int] = set()
     for d in dirs:
-        for procs in d.rglob("cgroup.procs") if d.exists() else ():
+        for sub in tree(d):
             with contextlib.suppress(OSError, ValueError):
-                pids.update(int(x) for x in procs.read_text().split())
+                pids.update(int(x) for x in (sub / "cgroup.procs").read_text().split())
     return pids
 
 
@@ -209,7 +216,7 @@ async def remove_tree(d: Path) -> bool:
     """rmdir a cgroup and its children, deepest first."""
     if not d.exists():
         return True
-    subdirs = sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+    subdirs = sorted(tree(d)[1:], key=lambda p: -len(p.parts))
     for sub in subdirs:
         await _rmdir(sub)
     return await _rmdir(d)
