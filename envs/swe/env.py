@@ -464,10 +464,13 @@ class SWEEnv(Env):
     ) -> list[Message]:
         assert self.tools is not None
         calls = [ToolCall(name="bash", arguments={"command": c}) for c in [*probes, *(seds or [])]]
-        # Without the editor offered, one git apply of the whole patch.
-        edits: list[tuple[str, str | None, str, bool]] = [] if seds else [("", None, patch, False)]
-        if not seds and "str_replace_editor" in self.tools.names:
+        edits: list[tuple[str, str | None, str, bool]]
+        if seds:
+            edits = []  # the sed commands are the fix
+        elif "str_replace_editor" in self.tools.names:
             edits = await editor_edits(sb, patch, lines=self.demo_edit != "hunk")
+        else:  # no editor offered: one git apply of the whole patch
+            edits = [("", None, patch, False)]
         for path, old, new, line in edits:
             if old is None:  # not expressible as a unique replacement
                 args = {"command": f"git apply <<'AGENTRL_PATCH'\n{new.rstrip()}\nAGENTRL_PATCH"}

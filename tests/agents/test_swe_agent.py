@@ -6,19 +6,21 @@ with bash blocks; grading runs the hidden tests in a fresh sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentrl.chat import ChatTemplate
-from agentrl.env import ENVS, register_env
+from agentrl.env import ENVS, Env, register_env
 from agentrl.rollout.collector import CollectorConfig, RolloutCollector
 from agentrl.rollout.testing import ScriptedGenerator
-from agentrl.types import RolloutStatus, Sample, Trajectory
+from agentrl.types import Message, RolloutStatus, Sample, Trajectory
 from envs.swe.pyenv import TestEnv
 from envs.swe.task import SWETask, save_tasks
 from tests.envs.swe_repo import needs_local
@@ -161,21 +163,28 @@ async def test_a_task_whose_base_commit_is_missing_is_masked_not_scored(
     assert "base_commit" in (traj.error or "")
 
 
+@contextlib.asynccontextmanager
+async def demonstrated(sample: Sample) -> AsyncIterator[tuple[Env, list[Message], list[Message]]]:
+    """The sample's env, reset, with its oracle demonstration and that demonstration's actions."""
+    from agentrl.env import make_env
+
+    env = make_env(sample.env_id, **sample.env_kwargs)
+    try:
+        await env.areset(seed=0)
+        demo = await env.ademonstration()
+        assert demo is not None
+        yield env, demo, [m for m in demo if m.role == "assistant"]
+    finally:
+        await env.aclose()
+
+
 @pytest.mark.parametrize("mode", ["tools", "bash"])
 async def test_the_oracle_demonstration_solves_the_task_when_replayed(
     swe_sample: Any, mode: str
 ) -> None:
     """SFT's demonstration: tests run, the gold fix applied (editor or git apply), submit;
     recorded in a scratch sandbox, then replayed on the episode's own to reward 1."""
-    from agentrl.env import make_env
-
-    sample = swe_sample(mode=mode)
-    env = make_env(sample.env_id, **sample.env_kwargs)
-    try:
-        await env.areset(seed=0)
-        demo = await env.ademonstration()
-        assert demo is not None
-        actions = [m for m in demo if m.role == "assistant"]
+    async with demonstrated(swe_sample(mode=mode)) as (env, demo, actions):
         assert "pytest" in str(actions[0].tool_calls or actions[0].text)
         if mode == "tools":
             assert actions[1].tool_calls[0].name == "str_replace_editor"
@@ -186,8 +195,6 @@ async def test_the_oracle_demonstration_solves_the_task_when_replayed(
             if i + 1 < len(actions):
                 assert not done and [m.text[:40] for m in obs][:1] == [demo[2 * i + 1].text[:40]]
         assert done and reward == 1.0, info["report"]
-    finally:
-        await env.aclose()
 
 
 async def test_an_empty_patch_scores_zero_ungraded_when_grade_empty_patch_is_off(
@@ -203,15 +210,8 @@ async def test_a_curriculum_demonstration_runs_its_probe_and_still_solves_the_ta
 ) -> None:
     """demo_probe replaces the test run; demo_edit=line falls back to the hunk here, since the
     calc repo's buggy line (``return a - b``) is also sub's."""
-    from agentrl.env import make_env
-
     sample = swe_sample(demo_probe="git grep -n 'a - b' -- calc", demo_edit="line")
-    env = make_env(sample.env_id, **sample.env_kwargs)
-    try:
-        await env.areset(seed=0)
-        demo = await env.ademonstration()
-        assert demo is not None
-        actions = [m for m in demo if m.role == "assistant"]
+    async with demonstrated(sample) as (env, demo, actions):
         assert actions[0].tool_calls[0].arguments == {"command": "git grep -n 'a - b' -- calc"}
         assert "calc/ops.py:2:    return a - b" in demo[1].text
         edit = actions[1].tool_calls[0].arguments
@@ -219,8 +219,6 @@ async def test_a_curriculum_demonstration_runs_its_probe_and_still_solves_the_ta
         for action in actions:
             _, reward, done, _, info = await env.astep(action)
         assert done and reward == 1.0, info["report"]
-    finally:
-        await env.aclose()
 
 
 @pytest.mark.parametrize("mode", ["tools", "bash"])
@@ -229,19 +227,12 @@ async def test_a_sed_demonstration_edits_by_line_number_and_solves_the_task(
 ) -> None:
     """demo_edit=sed: one ``sed -i '<line><demo_sed>' <path>`` (checked against the gold line
     first); a demo_sed that does not give the gold line falls back to the editor, saying so."""
-    from agentrl.env import make_env
-
     cases = [("s/a - b/a + b/", True, None), ("s/a - b/b + a/", False, None)]
     if mode == "tools":  # without the editor offered, the fallback is git apply
         cases.append(("s/a - b/b + a/", False, ["bash", "submit"]))
     for expr, uses_sed, tools in cases:
         sample = swe_sample(mode=mode, demo_edit="sed", demo_sed=expr, tool_names=tools)
-        env = make_env(sample.env_id, **sample.env_kwargs)
-        try:
-            await env.areset(seed=0)
-            demo = await env.ademonstration()
-            assert demo is not None
-            actions = [m for m in demo if m.role == "assistant"]
+        async with demonstrated(sample) as (env, _, actions):
             fix = str(actions[1].tool_calls[0].arguments if mode == "tools" else actions[1].text)
             assert (f"sed -i '2{expr}' calc/ops.py" in fix) is uses_sed, fix
             if not uses_sed:
@@ -251,5 +242,3 @@ async def test_a_sed_demonstration_edits_by_line_number_and_solves_the_task(
             for action in actions:
                 _, reward, done, _, info = await env.astep(action)
             assert done and reward == 1.0, info["report"]
-        finally:
-            await env.aclose()
