@@ -114,12 +114,16 @@ class Decoder:
         self.scale = float(self.layers[0].self_attn.scaling)
         silu = getattr(model.config, "hidden_act", "") == "silu"
         self._act = _silu_mul if silu else _act_mul(self.layers[0].mlp.act_fn)
-        self._rotate = _rotate
+        self._rotate_store = _rotate_store
         self._add_norm = _add_rms_norm
         if compile_pointwise:  # one generated kernel for each run of elementwise ops
             self._act = torch.compile(self._act, dynamic=True, fullgraph=True)
-            self._rotate = torch.compile(_rotate, dynamic=True, fullgraph=True)
+            self._rotate_store = torch.compile(_rotate_store, dynamic=True, fullgraph=True)
             self._add_norm = torch.compile(_add_rms_norm, dynamic=True, fullgraph=True)
+        # each layer's index into the cache as a (1, 1) tensor: an int would index a view of
+        # the cache, which a compiled _rotate_store would copy whole instead of writing to
+        device = self.embed.weight.device
+        self._layer_ids = [torch.full((1, 1), i, device=device) for i in range(len(self.layers))]
         self.fuse()
 
     def fuse(self) -> None:
@@ -159,7 +163,7 @@ class Decoder:
         group = self.n_heads // self.n_kv
         if group > 1:  # the queries of a kv head attend as one: (N, 1, G T, key_len)
             mask = mask.repeat(1, 1, group, 1)
-        rows = torch.arange(n, device=ids.device)[:, None].expand(n, t)  # (N, T)
+        rows = torch.arange(first_slot, first_slot + n, device=ids.device)[:, None].expand(n, t)
         slots = slice(first_slot, first_slot + n)
         delta: torch.Tensor | None = None  # a layer's MLP output, added with the next one's norm
         with _attention_backends(ids.device, t):
@@ -185,7 +189,7 @@ class Decoder:
         delta: torch.Tensor | None,  # (N, T, H) that output (None before the first layer)
         cache: SlotCache,
         slots: slice,
-        rows: torch.Tensor,  # (N, T)
+        rows: torch.Tensor,  # (N, T) each token's slot
         pos: torch.Tensor,  # (N, T)
         cos: torch.Tensor,  # (N, 1, T, D)
         sin: torch.Tensor,  # (N, 1, T, D), first half negated
@@ -209,11 +213,10 @@ class Decoder:
         if hasattr(attn, "q_norm"):  # qwen3
             q, k = qk.split((self.n_heads, self.n_kv), dim=2)
             qk = torch.cat((_rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)), dim=2)
-        qk = self._rotate(qk.transpose(1, 2), cos, sin)  # q and k at once: (N, Hq + Hkv, T, D)
-        q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
+        q = self._rotate_store(
+            qk, v, cos, sin, cache.keys, cache.values, self._layer_ids[i], rows, pos, self.n_heads
+        )  # (N, Hq, T, D); this layer's k, v are in the cache
         kc, vc = cache.keys[i, slots], cache.values[i, slots]  # (N, Hkv, M, D)
-        kc[rows, :, pos] = k.transpose(1, 2)
-        vc[rows, :, pos] = v
         # grouped-query attention as plain attention: each kv head's G query heads are
         # G T queries of one head, so the kv cache is read once per kv head, not G times
         o = F.scaled_dot_product_attention(
@@ -286,6 +289,28 @@ def _act_mul(act: Any) -> Any:
         return act(gate) * up
 
     return act_mul
+
+
+def _rotate_store(
+    qk: torch.Tensor,  # (N, T, Hq + Hkv, D) queries and keys before the rotary embedding
+    v: torch.Tensor,  # (N, T, Hkv, D)
+    cos: torch.Tensor,  # (N, 1, T, D)
+    sin: torch.Tensor,  # (N, 1, T, D), first half negated
+    keys: torch.Tensor,  # (L, S, Hkv, M, D) the whole cache
+    values: torch.Tensor,  # (L, S, Hkv, M, D)
+    layer: torch.Tensor,  # (1, 1) the layer's index
+    rows: torch.Tensor,  # (N, T) each token's slot
+    pos: torch.Tensor,  # (N, T) each token's position
+    n_heads: int,
+) -> torch.Tensor:
+    """Rotate q and k, write k and v into the cache at each token's slot and position, and
+    return q (N, Hq, T, D). Compiled (``compile_pointwise``) this is one kernel that writes
+    into the cache in place, where eager it takes five (the rotation's three, two stores)."""
+    qk = _rotate(qk.transpose(1, 2), cos, sin)  # q and k at once: (N, Hq + Hkv, T, D)
+    q, k = qk[:, :n_heads], qk[:, n_heads:]
+    keys[layer, rows, :, pos] = k.transpose(1, 2)
+    values[layer, rows, :, pos] = v
+    return q
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
