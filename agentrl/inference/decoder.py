@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental import _config as fx_config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from agentrl.errors import ConfigError
@@ -68,10 +69,15 @@ class SlotCache:
     ) -> SlotCache:
         layers, kv, dim = _shape(model)
         shape = (layers, slots, kv, max_len, dim)
-        return SlotCache(
+        cache = SlotCache(
             keys=torch.zeros(shape, dtype=dtype, device=device),
             values=torch.zeros(shape, dtype=dtype, device=device),
         )
+        # its sizes never change: a compiled function that writes it (``_rotate_store``)
+        # takes them as constants, not as symbols to guard on
+        torch._dynamo.mark_static(cache.keys)
+        torch._dynamo.mark_static(cache.values)
+        return cache
 
     @property
     def slots(self) -> int:
@@ -117,9 +123,9 @@ class Decoder:
         self._rotate_store = _rotate_store
         self._add_norm = _add_rms_norm
         if compile_pointwise:  # one generated kernel for each run of elementwise ops
-            self._act = torch.compile(self._act, dynamic=True, fullgraph=True)
-            self._rotate_store = torch.compile(_rotate_store, dynamic=True, fullgraph=True)
-            self._add_norm = torch.compile(_add_rms_norm, dynamic=True, fullgraph=True)
+            self._act = _compiled(self._act)
+            self._rotate_store = _compiled(_rotate_store)
+            self._add_norm = _compiled(_add_rms_norm)
         # each layer's index into the cache as a (1, 1) tensor: an int would index a view of
         # the cache, which a compiled _rotate_store would copy whole instead of writing to
         device = self.embed.weight.device
@@ -206,15 +212,13 @@ class Decoder:
         else:
             x, h = self._add_norm(x, delta, norm.weight, norm.variance_epsilon)
         qkv = F.linear(h, *self.qkv[i])  # (N, T, (Hq + 2 Hkv) D)
-        qk = qkv[..., : (self.n_heads + self.n_kv) * self.head_dim]
-        qk = qk.view(n, t, self.n_heads + self.n_kv, self.head_dim)
-        v = qkv[..., (self.n_heads + self.n_kv) * self.head_dim :]
-        v = v.view(n, t, self.n_kv, self.head_dim)
         if hasattr(attn, "q_norm"):  # qwen3
-            q, k = qk.split((self.n_heads, self.n_kv), dim=2)
-            qk = torch.cat((_rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)), dim=2)
+            heads = qkv.view(n, t, -1, self.head_dim)
+            q, k, v = heads.split((self.n_heads, self.n_kv, self.n_kv), dim=2)
+            normed = (_rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k), v)
+            qkv = torch.cat(normed, dim=2).flatten(2)
         q = self._rotate_store(
-            qk, v, cos, sin, cache.keys, cache.values, self._layer_ids[i], rows, pos, self.n_heads
+            qkv, cos, sin, cache.keys, cache.values, self._layer_ids[i], rows, pos, self.n_heads
         )  # (N, Hq, T, D); this layer's k, v are in the cache
         kc, vc = cache.keys[i, slots], cache.values[i, slots]  # (N, Hkv, M, D)
         # grouped-query attention as plain attention: each kv head's G query heads are
@@ -231,6 +235,20 @@ class Decoder:
         norm = layer.post_attention_layernorm
         x, h = self._add_norm(x, o, norm.weight, norm.variance_epsilon)
         return x, layer.mlp.down_proj(self._act(F.linear(h, *self.gate_up[i])))
+
+
+def _compiled(fn: Any) -> Any:
+    """``fn`` compiled with symbolic sizes, every size its own symbol. By default two sizes
+    that are equal when a function is first compiled share one symbol (the batch's rows and
+    the cache's slots, both 64), and a later call where they differ compiles it again: in
+    the middle of serving, for seconds."""
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+
+    def call(*args: Any) -> Any:
+        with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+            return compiled(*args)
+
+    return call
 
 
 def _attention_backends(device: torch.device, t: int) -> contextlib.AbstractContextManager[Any]:
@@ -292,8 +310,7 @@ def _act_mul(act: Any) -> Any:
 
 
 def _rotate_store(
-    qk: torch.Tensor,  # (N, T, Hq + Hkv, D) queries and keys before the rotary embedding
-    v: torch.Tensor,  # (N, T, Hkv, D)
+    qkv: torch.Tensor,  # (N, T, (Hq + 2 Hkv) D) contiguous: q, k, v before the rotary embedding
     cos: torch.Tensor,  # (N, 1, T, D)
     sin: torch.Tensor,  # (N, 1, T, D), first half negated
     keys: torch.Tensor,  # (L, S, Hkv, M, D) the whole cache
@@ -305,7 +322,16 @@ def _rotate_store(
 ) -> torch.Tensor:
     """Rotate q and k, write k and v into the cache at each token's slot and position, and
     return q (N, Hq, T, D). Compiled (``compile_pointwise``) this is one kernel that writes
-    into the cache in place, where eager it takes five (the rotation's three, two stores)."""
+    into the cache in place, where eager it takes five (the rotation's three, two stores).
+    It takes ``qkv`` whole (a slice's strides would be guarded on) and the cache marked
+    static (``SlotCache.allocate``), so new batch shapes do not compile it again."""
+    n, t = rows.shape
+    d = keys.shape[-1]
+    heads = qkv.view(n, t, -1, d)
+    qk, v = (
+        heads[:, :, : heads.shape[2] - keys.shape[2]],
+        heads[:, :, heads.shape[2] - keys.shape[2] :],
+    )
     qk = _rotate(qk.transpose(1, 2), cos, sin)  # q and k at once: (N, Hq + Hkv, T, D)
     q, k = qk[:, :n_heads], qk[:, n_heads:]
     keys[layer, rows, :, pos] = k.transpose(1, 2)

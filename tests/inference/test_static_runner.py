@@ -32,6 +32,39 @@ def llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("static") / "llama", arch="llama", seed=3)
 
 
+@pytest.fixture(scope="module")
+def qwen3_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3 (q/k norms before the rotary embedding), the tiny tokenizer's files."""
+    import shutil
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    root = tmp_path_factory.mktemp("qwen3")
+    base = make_tiny_model(root / "base", arch="llama", seed=3)
+    c = AutoModelForCausalLM.from_pretrained(base).config
+    torch.manual_seed(3)
+    model = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_hidden_layers,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads,
+            head_dim=c.hidden_size // c.num_attention_heads,
+            max_position_embeddings=c.max_position_embeddings,
+            eos_token_id=c.eos_token_id,
+            pad_token_id=c.pad_token_id,
+        )
+    )
+    out = root / "qwen3"
+    model.save_pretrained(out)
+    for f in base.iterdir():
+        if "token" in f.name or f.suffix == ".jinja":
+            shutil.copy(f, out / f.name)
+    return out
+
+
 def _runner(model: Path, engine: str = "static", overlap: bool = False, **kw: Any) -> ModelRunner:
     """``overlap``: decode ahead (each step launched before the previous one is read), the
     CUDA-graph path's loop, run on CPU."""
@@ -84,14 +117,20 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
         ("llama", False, False),
         ("llama", True, False),
         ("llama", True, True),
+        ("qwen3", True, True),
     ],
 )
 def test_logprobs_match_teacher_forcing_with_rows_joining_and_leaving(
-    arch: str, overlap: bool, compiled: bool, tiny_model: Path, llama_model: Path
+    arch: str,
+    overlap: bool,
+    compiled: bool,
+    tiny_model: Path,
+    llama_model: Path,
+    qwen3_model: Path,
 ) -> None:
     """``compiled``: ``compile_pointwise``, its kernels compiled in the engine thread at the
     first prefill and decode step, then reused as rows join and leave (dynamic shapes)."""
-    path = tiny_model if arch == "qwen2" else llama_model
+    path = {"qwen2": tiny_model, "llama": llama_model, "qwen3": qwen3_model}[arch]
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     # 12 requests through 5 slots: queueing and slot moves
     runner = _runner(path, overlap=overlap, max_batch_size=5, compile_pointwise=compiled)
