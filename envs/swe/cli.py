@@ -78,25 +78,23 @@ def synth_cmd(
     ] = None,
 ) -> None:
     """Inject bugs by syntax-tree mutation and keep those the repo's own tests catch."""
+    from agentrl.errors import ConfigError
     from envs.swe.mutate import FAMILIES
     from envs.swe.repos import load_prepared
     from envs.swe.synth import SynthConfig, synthesize
     from envs.swe.task import save_tasks
 
-    unknown = sorted(set(families or ()) - set(FAMILIES))
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown mutation family {', '.join(unknown)}; the families are {', '.join(FAMILIES)}",
-            param_hint="--family",
-        )
     t0 = time.perf_counter()
-    cfg = SynthConfig(
-        per_repo=per_repo,
-        max_candidates=max_candidates,
-        seed=seed,
-        workers=workers,
-        families=tuple(families) if families else FAMILIES,
-    )
+    try:
+        cfg = SynthConfig(
+            per_repo=per_repo,
+            max_candidates=max_candidates,
+            seed=seed,
+            workers=workers,
+            families=tuple(families) if families else FAMILIES,
+        )
+    except ConfigError as e:
+        raise typer.BadParameter(str(e), param_hint="--family") from None
     tasks = synthesize([load_prepared(repos_dir, r) for r in repos], cfg, log=typer.echo)
     save_tasks(out, tasks)
     by_repo = Counter(t.repo for t in tasks)

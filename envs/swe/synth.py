@@ -74,6 +74,15 @@ class SynthConfig:
     workers: int = 2
     seed: int = 0
     families: tuple[str, ...] = FAMILIES
+    """Mutation families to make (``envs.swe.mutate.FAMILIES``)."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.families) - set(FAMILIES))
+        if unknown or not self.families:
+            raise ConfigError(
+                f"unknown mutation family {', '.join(unknown) or '(none given)'}; the "
+                f"families are {', '.join(FAMILIES)}"
+            )
 
 
 @dataclass(slots=True)

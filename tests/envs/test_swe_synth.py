@@ -379,3 +379,14 @@ def test_swe_cli_synth_keeps_only_the_named_family(tiny: Prepared, tmp_path: Pat
     r = runner.invoke(swe_app, [*base, "--family", "negate"])
     assert r.exit_code != 0 and "unknown mutation family negate" in r.output, r.output
     assert "negate_condition" in r.output  # the error lists the families there are
+
+
+def test_synth_config_refuses_unknown_or_no_families() -> None:
+    from agentrl.errors import ConfigError
+    from envs.swe.synth import SynthConfig
+
+    assert SynthConfig(families=("negate_condition",)).families == ("negate_condition",)
+    with pytest.raises(ConfigError, match=r"unknown mutation family negate;.*negate_condition"):
+        SynthConfig(families=("negate",))
+    with pytest.raises(ConfigError, match=r"\(none given\)"):
+        SynthConfig(families=())
