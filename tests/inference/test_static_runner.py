@@ -158,6 +158,37 @@ def test_logprobs_match_teacher_forcing_with_rows_joining_and_leaving(
         runner.shutdown()
 
 
+def test_compiled_functions_are_not_compiled_again_for_new_batch_shapes(
+    llama_model: Path,
+) -> None:
+    """``compile_pointwise`` compiles each decoder function for symbolic sizes once (plus the
+    one-row and one-token special cases). Sizes that merely match at the first call (a batch
+    as large as the cache's slots, a prompt as long as the q/k/v width) must not become
+    guards that a later batch breaks: that recompiled for seconds in the middle of serving."""
+    from torch._dynamo.utils import counters
+
+    runner = _runner(llama_model, max_batch_size=8, compile_pointwise=True)
+    try:
+        g = torch.Generator().manual_seed(1)
+
+        def wave(n: int, lo: int, hi: int, tag: str) -> None:
+            lens = torch.randint(lo, hi, (n,), generator=g).tolist()
+            prompts = [torch.randint(5, 800, (k,), generator=g).tolist() for k in lens]
+            # different lengths: the batch shrinks row by row down to one
+            params = [RequestParams(max_new_tokens=2 + i, ignore_eos=True) for i in range(n)]
+            assert all(r.error is None for r in _submit(runner, prompts, params, tag))
+
+        wave(8, 2, 24, "a")  # 8 rows = 8 slots: the sizes a duck-sizing compiler would tie
+        wave(1, 30, 31, "b")  # one row: its own specialization
+        compiled = counters["stats"]["unique_graphs"]
+        wave(5, 20, 40, "c")
+        wave(8, 40, 64, "d")
+        wave(3, 9, 12, "e")
+        assert counters["stats"]["unique_graphs"] == compiled
+    finally:
+        runner.shutdown()
+
+
 def test_greedy_tokens_equal_the_dynamic_engine(tiny_model: Path) -> None:
     prompts = _prompts(6, seed=1)
     params = [RequestParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)] * 6
