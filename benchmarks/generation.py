@@ -29,7 +29,8 @@ from the same mix, so no timed prompt is in the server's prefix pool):
                      ``max_new_tokens`` for all (its config has no per-request length)
 
 Each server runs in its own process; the transformers paths run in this one, after the
-servers. The last two lines are JSON headlines: server-static against server-dynamic at 256
+servers. Stopped by SIGTERM (``timeout 570 python benchmarks/generation.py``), it stops the
+path running and still reports what it measured. The last two lines are JSON headlines: server-static against server-dynamic at 256
 concurrent requests (goal >= 10x), then against hf-static at 64 (goal >= 1.5x); "ours" is
 server-static-compiled when it ran, else server-static.
 """
@@ -40,6 +41,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -48,7 +50,9 @@ from typing import Any
 
 GOAL_VS_HF_STATIC = 1.5
 GOAL_VS_OLD_SERVER = 10.0
-ALL_PATHS = "server-static,server-static-compiled,server-dynamic,hf-static,hf-dynamic,hf-cb"
+ALL_PATHS = "server-static-compiled,server-dynamic,server-static,hf-static,hf-dynamic,hf-cb"
+"""The paths of both headlines first: a run cut short (``timeout`` sends SIGTERM) still reports
+them (see ``main``)."""
 
 
 def requests_mix(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -125,8 +129,9 @@ def round_breakdown(
 
 
 def run_server(
-    engine: str, model: str, args: argparse.Namespace, levels: list[int]
-) -> dict[int, float]:
+    engine: str, model: str, args: argparse.Namespace, levels: list[int], figures: dict[int, float]
+) -> None:
+    """Tokens/s of the server per concurrency level, into ``figures`` as each is measured."""
     from agentrl.inference.launch import ServerProcess
 
     extra = ["--device", args.device, "--max-seq-len", str(args.max_seq_len), "--log-level", "info"]
@@ -146,7 +151,6 @@ def run_server(
         startup_timeout_s=600,
         extra_args=extra,
     )
-    figures = {}
     started = time.perf_counter()
     with ServerProcess(cfg) as server:
         print(f"server-{engine} ready in {time.perf_counter() - started:.1f} s", flush=True)
@@ -170,15 +174,16 @@ def run_server(
                 flush=True,
             )
             print(f"server-{engine} engine stats after c={c}: {json.dumps(after)}", flush=True)
-    return figures
 
 
-def run_hf(path: str, model: Any, args: argparse.Namespace, levels: list[int]) -> dict[int, float]:
+def run_hf(
+    path: str, model: Any, args: argparse.Namespace, levels: list[int], figures: dict[int, float]
+) -> None:
+    """Tokens/s of a transformers path per concurrency level, into ``figures``."""
     import torch
     from transformers import GenerationConfig
 
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    figures = {}
     for c in levels:
         reqs = requests_mix(c, args.vocab)
         want = sum(n for _, n in reqs)
@@ -203,7 +208,6 @@ def run_hf(path: str, model: Any, args: argparse.Namespace, levels: list[int]) -
         elapsed = time.perf_counter() - start
         figures[c] = want / elapsed
         print(f"{path} c={c}: {figures[c]:.0f} tokens/s ({elapsed:.2f} s)", flush=True)
-    return figures
 
 
 def _hf_caller(
@@ -278,16 +282,26 @@ def main() -> None:
     args.vocab = int(AutoConfig.from_pretrained(args.model).vocab_size)
     results: dict[str, dict[int, float]] = {}
     out_json = Path(args.out, "results.json")
-    for path in paths:
-        try:
-            if path.startswith("server-"):
-                results[path] = run_server(path.split("-", 1)[1], args.model, args, levels)
-            else:
-                results[path] = run_hf(path, _hf_model(args), args, levels)
-        except Exception as exc:  # one failed path must not lose the others' figures
-            print(f"{path} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        out_json.write_text(json.dumps(results, indent=1))
-    _report(results, levels)
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout`: stop the path, report the rest
+    try:
+        for path in paths:
+            figures = results.setdefault(path, {})
+            try:
+                if path.startswith("server-"):
+                    run_server(path.split("-", 1)[1], args.model, args, levels, figures)
+                else:
+                    run_hf(path, _hf_model(args), args, levels, figures)
+            except Exception as exc:  # one failed path must not lose the others' figures
+                print(f"{path} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            finally:
+                out_json.write_text(json.dumps(results, indent=1))
+    except KeyboardInterrupt:
+        print("stopped: reporting the figures measured so far", file=sys.stderr, flush=True)
+    _report({p: f for p, f in results.items() if f}, levels)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # unwinds the path running (its server process is stopped)
 
 
 _MODEL: list[Any] = []
