@@ -1,6 +1,7 @@
 """``benchmarks/async_rl.py --workload longtail`` (the issue-23 workload, bench/LongTail-v0)
 runs sync, one_step_off and async on the smallest settings and ends with its JSON headline.
-No figure is checked: tests do not time things."""
+No figure is checked: tests do not time things. Slow (~100 s: three training runs), so it
+runs in CI's slow step, not in the default suite."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_longtail_smoke_reports_every_mode_and_the_headline() -> None:
     proc = subprocess.run(
         [
