@@ -30,9 +30,10 @@ from the same mix, so no timed prompt is in the server's prefix pool):
 
 Each server runs in its own process; the transformers paths run in this one, after the
 servers. Stopped by SIGTERM (``timeout 570 python benchmarks/generation.py``), it stops the
-path running and still reports what it measured. The last two lines are JSON headlines: server-static against server-dynamic at 256
-concurrent requests (goal >= 10x), then against hf-static at 64 (goal >= 1.5x); "ours" is
-server-static-compiled when it ran, else server-static.
+path running and still reports what it measured. The last two lines are JSON headlines:
+server-static against server-dynamic at 256 concurrent requests (goal >= 10x), then against
+hf-static at 64 (goal >= 1.5x); "ours" is server-static-compiled when it ran, else
+server-static.
 """
 
 from __future__ import annotations

@@ -328,10 +328,8 @@ def _rotate_store(
     n, t = rows.shape
     d = keys.shape[-1]
     heads = qkv.view(n, t, -1, d)
-    qk, v = (
-        heads[:, :, : heads.shape[2] - keys.shape[2]],
-        heads[:, :, heads.shape[2] - keys.shape[2] :],
-    )
+    n_kv = keys.shape[2]
+    qk, v = heads.split((heads.shape[2] - n_kv, n_kv), dim=2)
     qk = _rotate(qk.transpose(1, 2), cos, sin)  # q and k at once: (N, Hq + Hkv, T, D)
     q, k = qk[:, :n_heads], qk[:, n_heads:]
     keys[layer, rows, :, pos] = k.transpose(1, 2)

@@ -79,10 +79,8 @@ class SynthConfig:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.families) - set(FAMILIES))
         if unknown or not self.families:
-            raise ConfigError(
-                f"unknown mutation family {', '.join(unknown) or '(none given)'}; the "
-                f"families are {', '.join(FAMILIES)}"
-            )
+            what = f"unknown mutation family {', '.join(unknown)}" if unknown else "no family"
+            raise ConfigError(f"{what}; the families are {', '.join(FAMILIES)}")
 
 
 @dataclass(slots=True)
