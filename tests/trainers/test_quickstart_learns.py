@@ -1,6 +1,6 @@
 """The quickstart's learning claim, checked the way the docs state it (slow: ~10-15 min on 2 cores).
 
-`agentrl train recipes/quickstart.yaml --seeds 0,1,2`, through the same entry point as the CLI:
+`agentrl train recipes/quickstart.yaml --seeds 0,1`, through the same entry point as the CLI:
 for every seed, success on the eval split (tasks disjoint by content from every SFT and RL task)
 must rise by at least two standard errors of the difference, on at least 128 distinct eval
 tasks. A recipe that learns on one seed only, or an eval that overlaps training, fails here.
@@ -17,19 +17,19 @@ import pytest
 from trainers.cli import train_seeds_main
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
-SEEDS = [0, 1, 2]
+SEEDS = [0, 1]  # the docs' figure uses 0, 1, 2; CI checks two of them (the standard's minimum) for time
 
 
 @pytest.mark.slow
 @pytest.mark.learning
-@pytest.mark.timeout(3600)  # three full runs; ~4 min each on 2 free cores, more on a busy machine
+@pytest.mark.timeout(3600)  # two full runs; ~4 min each on 2 free cores, more on a busy machine
 def test_quickstart_rises_by_two_standard_errors_on_every_seed(tmp_path: Path) -> None:
     overrides = [f"output_dir={tmp_path}", "logging.console=false", "checkpoint.every=0"]
     summary = train_seeds_main(RECIPE, SEEDS, overrides)
 
     saved = json.loads((tmp_path / "quickstart-seeds" / "summary.json").read_text())
     assert saved["seeds"] == SEEDS
-    assert "--seeds 0,1,2" in saved["command"]
+    assert "--seeds 0,1" in saved["command"]
     rises = {}
     for run in summary["runs"]:
         before, after = run["eval_before"], run["eval_after"]
