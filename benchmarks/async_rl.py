@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentrl.logging import read_jsonl  # noqa: E402
+from agentrl.metrics_schema import TRAINER_WAIT_S  # noqa: E402
 from envs.longtail import LongTailEnv  # noqa: E402
 from trainers.config import load_run_config  # noqa: E402
 from trainers.driver import Trainer  # noqa: E402
@@ -128,6 +129,10 @@ def run_mode(args: argparse.Namespace, out: Path, mode: list[str], seed: int) ->
         "generate_s": gen,
         "train_busy_s": busy_train,
         "overlap_s": sum(r.get("async/overlap_s", 0.0) for r in rows),
+        # where an overlapped run's time goes: the trainer waiting for its batch, in all and
+        # at the first step (the pipeline's fill, which more steps amortise)
+        "trainer_wait_s": sum(r.get(TRAINER_WAIT_S, 0.0) for r in rows),
+        "first_wait_s": rows[0].get(TRAINER_WAIT_S, 0.0) if rows else 0.0,
         "curve": [((i + 1) * per_step, r["rollout/reward_mean"]) for i, r in enumerate(rows)],
     }
 
@@ -236,6 +241,9 @@ def main() -> None:
             f"  x sync {base / wall:5.2f}"
             f"  staleness {statistics.fmean(r['staleness_mean'] for r in rs):4.2f}"
             f"  overlap {statistics.fmean(r['overlap_s'] for r in rs):6.1f} s"
+            f"  train busy {statistics.fmean(r['train_busy_s'] for r in rs):6.1f} s"
+            f"  trainer wait {statistics.fmean(r['trainer_wait_s'] for r in rs):6.1f} s"
+            f" (first step {statistics.fmean(r['first_wait_s'] for r in rs):5.1f})"
             f"  reward(last 20%) {rew:.3f} +/- {se:.3f}"
             + ("" if m == "sync" else f"  within 2 SE of sync: {'yes' if within else 'no'}")
         )

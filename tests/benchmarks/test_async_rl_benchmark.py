@@ -38,6 +38,9 @@ def test_longtail_smoke_reports_every_mode_and_the_headline() -> None:
     lines = proc.stdout.strip().splitlines()
     runs = [json.loads(x) for x in lines if x.startswith('{"mode"')]
     assert [r["mode"] for r in runs] == ["sync", "one_step_off", "async"]
+    # an overlapped run's trainer waits at least for its first batch; sync logs no wait
+    assert runs[2]["first_wait_s"] > 0 and runs[2]["trainer_wait_s"] >= runs[2]["first_wait_s"]
+    assert runs[0]["trainer_wait_s"] == 0
     for mode in ("sync", "one_step_off", "async"):
         assert any(x.startswith(mode) and "reward(last 20%)" in x for x in lines), mode
         assert any(x.startswith(f"reward vs trained samples, {mode}:") for x in lines)
