@@ -4,7 +4,7 @@
                                   [--steps 8] [--seeds 0 1] [--max-staleness 2] [--batch-size 4]
                                   [--sft-steps 250] [--latency-scale 1.0] [--smoke]
                                   [--modes sync,one_step_off,async] [--rollout-workers N]
-                                  [--set KEY=VALUE ...]
+                                  [--set KEY=VALUE ...] [--set-overlapped KEY=VALUE ...]
 
 Workloads: ``quickstart`` trains recipes/quickstart.yaml (arith/Calculator-v0: two turns, no
 tool latency); ``longtail`` trains recipes/async_longtail.yaml, the issue's workload: the same
@@ -191,17 +191,27 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a recipe override for every mode (repeatable), e.g. inference.capture_graphs=eager",
     )
+    p.add_argument(
+        "--set-overlapped",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override for one_step_off and async only (repeatable): their own best "
+        "settings, e.g. inference.num_threads=1 train.num_cpus=1 to give each side its own "
+        "core where trainer and server share a CPU (sync keeps the recipe's)",
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     wanted = args.modes.split(",")
     if "sync" not in wanted or "async" not in wanted or set(wanted) - set(MODES):
         p.error(f"--modes must name sync and async (and may name one_step_off), got {args.modes}")
+    overlapped = list(args.set_overlapped)
     modes = [
         m
         for m in (
             [],
-            ["train.mode=one_step_off"],
-            ["train.mode=async", f"train.max_staleness={args.max_staleness}"],
+            ["train.mode=one_step_off", *overlapped],
+            ["train.mode=async", f"train.max_staleness={args.max_staleness}", *overlapped],
         )
         if (m[0].split("=")[1] if m else "sync") in wanted
     ]
@@ -229,7 +239,8 @@ def main() -> None:
     print(
         f"workload {args.workload} on {args.device}, seeds {args.seeds}, {args.steps} steps of "
         f"{args.batch_size} groups, async max_staleness {args.max_staleness}, rollout workers "
-        f"{args.rollout_workers or 'none (the driver)'}, overrides {args.set or 'none'}"
+        f"{args.rollout_workers or 'none (the driver)'}, overrides {args.set or 'none'}, "
+        f"overlapped modes' overrides {overlapped or 'none'}"
     )
     for m, rs in by.items():
         wall = statistics.fmean(r["wall_s"] for r in rs)
