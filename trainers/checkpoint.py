@@ -5,6 +5,7 @@
     actor.save(str(tmp / "actor"))
     ckpt.commit(tmp, TrainerState(step=step, weight_version=v, data_cursor=c, rng=capture_rng()))
     path = ckpt.latest()                        # --resume: the newest complete checkpoint
+    state = start_or_resume(ckpt, run_dir, config_yaml, resume=True)   # the driver's setup
 
 Layout of one checkpoint::
 
@@ -181,3 +182,26 @@ def _step_of(p: Path) -> int | None:
     if not p.is_dir() or not name.startswith(_PREFIX) or not name[len(_PREFIX) :].isdigit():
         return None
     return int(name[len(_PREFIX) :])
+
+
+def start_or_resume(
+    ckpt: CheckpointManager, run_dir: Path, config_yaml: str, *, resume: bool
+) -> TrainerState | None:
+    """The state a run starts from: the latest checkpoint with ``resume`` (None when there is
+    none: a fresh run), else None after creating ``run_dir`` with its ``config.yaml``. A fresh
+    run refuses a directory that already holds a run rather than overwrite it."""
+    latest = ckpt.latest()
+    if resume:
+        if latest is None:
+            logger.warning("--resume: no checkpoint under %s; starting a fresh run", ckpt.root)
+            return None
+        logger.info("resuming from %s", latest)
+        return load_state(latest)
+    if latest is not None or (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(
+            f"run directory {str(run_dir)!r} already holds a run; pass --resume to continue it, "
+            f"or choose another name (name=...) or output_dir"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_yaml)
+    return None

@@ -27,10 +27,9 @@ import logging
 import signal
 import sys
 import time
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -51,12 +50,10 @@ from agentrl.algos.filters import group_has_signal
 from agentrl.batch import TrainBatch
 from agentrl.chat import ChatTemplate
 from agentrl.config import to_dict, to_yaml
-from agentrl.distributed import ResourcePool, ShardCache, Worker, WorkerGroup
+from agentrl.distributed import ResourcePool, ShardCache, WorkerGroup
 from agentrl.distributed.traffic import TRAFFIC
-from agentrl.engine import EngineConfig
-from agentrl.errors import ConfigError, TrainingError
 from agentrl.gpu_env import apply_to_this_process
-from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress, read_jsonl
+from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress
 from agentrl.metrics_schema import OVERLAP_S, StepCounts, step_metrics
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.types import TrajectoryGroup
@@ -71,11 +68,12 @@ from trainers.checkpoint import (
     CheckpointManager,
     TrainerState,
     capture_rng,
-    load_state,
     restore_rng,
+    start_or_resume,
 )
 from trainers.config import KLConfig, RunConfig
-from trainers.eval import eval_metrics, write_report
+from trainers.eval import eval_metrics, logged_eval, write_report
+from trainers.failures import FailureGuard
 from trainers.plan import make_plan
 from trainers.rollout_workers import RolloutWorkerPool
 from trainers.runtime import (
@@ -90,10 +88,16 @@ from trainers.sft import warm_up
 from trainers.shaping import apply_overlong, set_greedy_baselines
 from trainers.trajectory_log import TrajectoryLog
 from trainers.updates import report_skipped_updates
-from trainers.workers import ActorWorker, CriticUpdate, CriticWorker, PolicyUpdate, RefWorker
+from trainers.workers import (
+    ActorWorker,
+    CriticUpdate,
+    CriticWorker,
+    PolicyUpdate,
+    RefWorker,
+    build_roles,
+)
 
 logger = logging.getLogger(__name__)
-W = TypeVar("W", bound=Worker)
 
 
 class Trainer:
@@ -109,7 +113,7 @@ class Trainer:
         self.step_done = 0  # completed RL steps
         self.version = 0  # weight version on the servers
         self.cursor = 0  # next train sample index
-        self.failed_steps = 0  # consecutive steps whose rollouts all failed in the machinery
+        self.failures = FailureGuard(cfg.train, self.run_dir / "logs")
         self.kl_ctl = kl_controller(cfg.algo.kl)  # its value is checkpointed
         self._groups: list[WorkerGroup[Any]] = []
         self._gen_tokens = 0  # tokens generated in this step's collect(), filtered groups too
@@ -197,7 +201,7 @@ class Trainer:
 
     def setup(self) -> None:
         cfg = self.cfg
-        state = self._prepare_run_dir()
+        state = start_or_resume(self.ckpt, self.run_dir, to_yaml(cfg), resume=self.resume)
         seed_everything(cfg.seed)
         apply_to_this_process()  # NVLink multicast off here too (agentrl.gpu_env)
         ray_gpus = None
@@ -234,7 +238,7 @@ class Trainer:
         self._gen_tokens = 0
         with self.timer.time("generate"):
             groups, filter_metrics = self.collect() if self.rollouts is None else self.take(step)
-        self._check_rollouts(groups, step)
+        self.failures.check(groups, step)
         batch = TrainBatch.from_groups(groups, self.pad_id)
         metrics = {**RolloutCollector.metrics(groups), **filter_metrics}
         if self.rollouts is not None:  # raises if a token is older than the bound
@@ -316,45 +320,6 @@ class Trainer:
             version=lambda: self.version,
             loop=self.fleet.loop,
         )
-
-    def _check_rollouts(self, groups: list[TrajectoryGroup], step: int) -> None:
-        """Warn when too many rollouts of a step failed in the machinery; stop when it persists.
-
-        Failed rollouts (env errors, non-finite rewards, dead servers, ...) are masked out of
-        the loss, so a step where most of them failed trains on the few that did not, and a
-        broken env or server would otherwise let the run go on, learning little or nothing,
-        until its last step. Above ``train.max_error_rate`` a step warns; after
-        ``train.max_failed_steps`` such steps in a row the run stops.
-        """
-        trajs = [t for g in groups for t in g.trajectories]
-        failed = [t for t in trajs if t.status.is_infra_failure]
-        t_cfg = self.cfg.train
-        if not trajs or (
-            len(failed) / len(trajs) <= t_cfg.max_error_rate and len(failed) < len(trajs)
-        ):
-            self.failed_steps = 0
-            return
-        self.failed_steps += 1
-        errors = Counter(f"{t.status.value}: {t.error or 'no message'}" for t in failed)
-        ((top, n),) = errors.most_common(1)
-        limit = t_cfg.max_failed_steps
-        logger.warning(
-            "step %d: %d of %d rollouts failed and are masked out (train.max_error_rate=%s); "
-            "most common (%d x): %s",
-            step,
-            len(failed),
-            len(trajs),
-            t_cfg.max_error_rate,
-            n,
-            top,
-        )
-        if limit and self.failed_steps >= limit:
-            raise TrainingError(
-                f"more than train.max_error_rate={t_cfg.max_error_rate} of the rollouts failed "
-                f"in {self.failed_steps} consecutive steps (train.max_failed_steps={limit}); "
-                f"in the last one {len(failed)} of {len(trajs)}, most often ({n}x): {top}. "
-                f"Check the env and the server logs in {self.run_dir / 'logs'}."
-            )
 
     def collect(self) -> tuple[list[TrajectoryGroup], dict[str, float]]:
         """``train.batch_size`` groups; with ``algo.filter_groups`` only groups with reward signal.
@@ -530,47 +495,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ workers, checkpoints
     def _build_workers(self) -> None:
-        cfg = self.cfg
-        opt_steps = (
-            cfg.train.steps
-            * cfg.train.ppo_epochs
-            * (cfg.train.batch_size // (cfg.train.mini_batch_size or cfg.train.batch_size))
-        )
-        actor_cfg = replace(
-            cfg.engine,
-            model_path=str(self.policy_path),
-            role="actor",
-            total_steps=cfg.engine.total_steps or opt_steps,
-            seed=cfg.seed,
-        )
-        self.actor = self._group(ActorWorker, actor_cfg, "actor")
-        self.ref: WorkerGroup[RefWorker] | None = None
-        if cfg.algo.kl.coef:
-            self.ref = self._group(RefWorker, replace(actor_cfg, role="ref"), "ref")
-        self.critic: WorkerGroup[CriticWorker] | None = None
-        if cfg.algo.adv_estimator == "gae":
-            critic_cfg = replace(
-                cfg.critic,
-                model_path=cfg.critic.model_path or str(self.policy_path),
-                role="critic",
-                total_steps=cfg.critic.total_steps or opt_steps,
-                seed=cfg.seed,
-            )
-            self.critic = self._group(CriticWorker, critic_cfg, "critic")
-
-    def _group(self, cls: type[W], engine_cfg: EngineConfig, name: str) -> WorkerGroup[W]:
         assert self._pool is not None
-        share = 1.0 / (
-            1 + int(self.cfg.algo.kl.coef != 0) + int(self.cfg.algo.adv_estimator == "gae")
-        )
-        kwargs = {
-            "cfg": engine_cfg,
-            "num_threads": threads_per_rank(self.cfg),
-            "options": self.cfg.engine_options(engine_cfg.backend),
-        }
-        group = WorkerGroup(self._pool, cls, kwargs=kwargs, share=share, name=name)
-        self._groups.append(group)
-        return group
+        roles = build_roles(self.cfg, self._pool, self.policy_path, threads_per_rank(self.cfg))
+        self.actor, self.ref, self.critic = roles.actor, roles.ref, roles.critic
+        self._groups = roles.groups
 
     def save_checkpoint(self) -> Path:
         tmp = self.ckpt.begin(self.step_done)
@@ -586,26 +514,6 @@ class Trainer:
             extra=extra,
         )
         return self.ckpt.commit(tmp, state)
-
-    def _prepare_run_dir(self) -> TrainerState | None:
-        """The checkpoint state to resume from (None: a fresh run); refuses to overwrite a run."""
-        latest = self.ckpt.latest()
-        if self.resume:
-            if latest is None:
-                logger.warning(
-                    "--resume: no checkpoint under %s; starting a fresh run", self.ckpt.root
-                )
-                return None
-            logger.info("resuming from %s", latest)
-            return load_state(latest)
-        if latest is not None or (self.run_dir / "metrics.jsonl").exists():
-            raise ConfigError(
-                f"run directory {str(self.run_dir)!r} already holds a run; pass --resume to continue it, "
-                f"or choose another name (name=...) or output_dir"
-            )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
-        return None
 
     def _restore(self, state: TrainerState) -> None:
         path = self.ckpt.path_for(state.step)
@@ -626,11 +534,9 @@ class Trainer:
         resumed again reuses its "after" eval, so its summary and plot equal an
         uninterrupted run's and no eval row is written twice.
         """
-        path = self.run_dir / "metrics.jsonl"
-        if path.exists():
-            for row in read_jsonl(path):
-                if row["step"] == step and "eval/reward_mean" in row:
-                    return {k: v for k, v in row.items() if k.startswith("eval/")}
+        logged = logged_eval(self.run_dir / "metrics.jsonl", step)
+        if logged is not None:
+            return logged
         m = self.evaluate(label)
         if m:
             assert self.metrics_log is not None

@@ -71,6 +71,15 @@ def eval_metrics(
     return out
 
 
+def logged_eval(metrics_path: Path, step: int) -> dict[str, float] | None:
+    """The ``eval/*`` metrics logged at ``step`` in a run's metrics.jsonl, None if none were."""
+    if metrics_path.exists():
+        for row in read_jsonl(metrics_path):
+            if row["step"] == step and "eval/reward_mean" in row:
+                return {k: v for k, v in row.items() if k.startswith("eval/")}
+    return None
+
+
 def success(t: Trajectory) -> float:
     return float(t.metrics.get("success", float(t.reward > 0)))
 

@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from agentrl import heap
 from agentrl.batch import BatchFields, TrainBatch
-from agentrl.distributed import DataLayout, Dispatch, Worker, dispatch
+from agentrl.distributed import DataLayout, Dispatch, ResourcePool, Worker, WorkerGroup, dispatch
 from agentrl.engine import Engine, EngineConfig
 from trainers.updates import (
     CriticLoss,
@@ -42,10 +44,22 @@ from trainers.updates import (
     run_epochs,
 )
 
+if TYPE_CHECKING:  # not at run time: Ray workers import this module and need no run config
+    from trainers.config import RunConfig
+
 logger = logging.getLogger(__name__)
 
 Metrics = dict[str, float]
-__all__ = ["ActorWorker", "CriticUpdate", "CriticWorker", "PolicyUpdate", "RefWorker"]
+W = TypeVar("W", bound=Worker)
+__all__ = [
+    "ActorWorker",
+    "CriticUpdate",
+    "CriticWorker",
+    "PolicyUpdate",
+    "RefWorker",
+    "Roles",
+    "build_roles",
+]
 
 
 def build_engine(cfg: EngineConfig, options: object = None) -> Engine:
@@ -185,3 +199,66 @@ class CriticWorker(EngineWorker):
                 prefix="critic",
             )
         ]
+
+
+@dataclass
+class Roles:
+    """A run's worker groups: the actor always, ref with a KL term, critic with GAE."""
+
+    actor: WorkerGroup[ActorWorker]
+    ref: WorkerGroup[RefWorker] | None
+    critic: WorkerGroup[CriticWorker] | None
+
+    @property
+    def groups(self) -> list[WorkerGroup[Any]]:
+        """In the order they were started (shut them down in reverse)."""
+        return [g for g in (self.actor, self.ref, self.critic) if g is not None]
+
+
+def build_roles(cfg: RunConfig, pool: ResourcePool, policy_path: Path, num_threads: int) -> Roles:
+    """Start the worker groups ``cfg`` needs on ``pool``, each with an equal share of it; if one
+    fails to start, the ones already started are shut down before the error propagates."""
+    opt_steps = (
+        cfg.train.steps
+        * cfg.train.ppo_epochs
+        * (cfg.train.batch_size // (cfg.train.mini_batch_size or cfg.train.batch_size))
+    )
+    actor_cfg = replace(
+        cfg.engine,
+        model_path=str(policy_path),
+        role="actor",
+        total_steps=cfg.engine.total_steps or opt_steps,
+        seed=cfg.seed,
+    )
+    with_ref, with_critic = cfg.algo.kl.coef != 0, cfg.algo.adv_estimator == "gae"
+    share = 1.0 / (1 + int(with_ref) + int(with_critic))
+    started: list[WorkerGroup[Any]] = []
+
+    def group(cls: type[W], engine_cfg: EngineConfig) -> WorkerGroup[W]:
+        kwargs = {
+            "cfg": engine_cfg,
+            "num_threads": num_threads,
+            "options": cfg.engine_options(engine_cfg.backend),
+        }
+        g = WorkerGroup(pool, cls, kwargs=kwargs, share=share, name=engine_cfg.role)
+        started.append(g)
+        return g
+
+    try:
+        actor = group(ActorWorker, actor_cfg)
+        ref = group(RefWorker, replace(actor_cfg, role="ref")) if with_ref else None
+        critic = None
+        if with_critic:
+            critic_cfg = replace(
+                cfg.critic,
+                model_path=cfg.critic.model_path or str(policy_path),
+                role="critic",
+                total_steps=cfg.critic.total_steps or opt_steps,
+                seed=cfg.seed,
+            )
+            critic = group(CriticWorker, critic_cfg)
+    except BaseException:
+        for g in reversed(started):
+            g.shutdown()
+        raise
+    return Roles(actor=actor, ref=ref, critic=critic)

@@ -20,14 +20,14 @@ def test_consecutive_all_failed_steps_stop_the_run(tmp_path: Path) -> None:
     cfg = load_run_config("recipes/quickstart.yaml", [f"output_dir={tmp_path}"])
     trainer = Trainer(cfg)
     failed = _groups(RolloutStatus.ERROR_INFERENCE, "HTTP 500: tensors on two devices")
-    trainer._check_rollouts(failed, 1)
-    trainer._check_rollouts(failed, 2)
-    trainer._check_rollouts(_groups(RolloutStatus.COMPLETED), 3)  # one good step resets
-    assert trainer.failed_steps == 0
-    trainer._check_rollouts(failed, 4)
-    trainer._check_rollouts(failed, 5)
+    trainer.failures.check(failed, 1)
+    trainer.failures.check(failed, 2)
+    trainer.failures.check(_groups(RolloutStatus.COMPLETED), 3)  # one good step resets
+    assert trainer.failures.failed_steps == 0
+    trainer.failures.check(failed, 4)
+    trainer.failures.check(failed, 5)
     with pytest.raises(TrainingError, match=r"3 consecutive steps.*two devices"):
-        trainer._check_rollouts(failed, 6)
+        trainer.failures.check(failed, 6)
 
 
 def test_agent_failures_do_not_count_and_zero_disables(tmp_path: Path) -> None:
@@ -36,10 +36,10 @@ def test_agent_failures_do_not_count_and_zero_disables(tmp_path: Path) -> None:
     )
     trainer = Trainer(cfg)
     for step in range(5):
-        trainer._check_rollouts(_groups(RolloutStatus.ERROR_INFERENCE), step)
-    assert trainer.failed_steps == 5  # counted, never raised
-    trainer._check_rollouts(_groups(RolloutStatus.ERROR_TOOL), 6)  # the agent's failure: learnable
-    assert trainer.failed_steps == 0
+        trainer.failures.check(_groups(RolloutStatus.ERROR_INFERENCE), step)
+    assert trainer.failures.failed_steps == 5  # counted, never raised
+    trainer.failures.check(_groups(RolloutStatus.ERROR_TOOL), 6)  # the agent's failure: learnable
+    assert trainer.failures.failed_steps == 0
 
 
 def _mixed(failed: int, total: int = 4) -> list[TrajectoryGroup]:
@@ -59,13 +59,13 @@ def test_steps_mostly_of_env_errors_warn_then_stop(
 ) -> None:
     cfg = load_run_config("recipes/quickstart.yaml", [f"output_dir={tmp_path}"])
     trainer = Trainer(cfg)
-    trainer._check_rollouts(_mixed(1), 1)  # 25%: below train.max_error_rate=0.5
-    assert trainer.failed_steps == 0 and not caplog.records
-    trainer._check_rollouts(_mixed(3), 2)
+    trainer.failures.check(_mixed(1), 1)  # 25%: below train.max_error_rate=0.5
+    assert trainer.failures.failed_steps == 0 and not caplog.records
+    trainer.failures.check(_mixed(3), 2)
     assert "3 of 4 rollouts failed" in caplog.text and "boom" in caplog.text
-    trainer._check_rollouts(_mixed(3), 3)
+    trainer.failures.check(_mixed(3), 3)
     with pytest.raises(TrainingError, match=r"train\.max_error_rate=0\.5.*3 of 4"):
-        trainer._check_rollouts(_mixed(3), 4)
+        trainer.failures.check(_mixed(3), 4)
 
 
 def test_a_non_finite_env_reward_is_an_env_error_not_a_number() -> None:
@@ -148,3 +148,34 @@ def test_an_interrupted_run_says_how_to_resume(tmp_path: Path) -> None:
     hint = trainer.resume_hint()
     assert "step_000003" in hint
     assert hint.endswith("agentrl train recipes/quickstart.yaml name=r --resume")
+
+
+def test_worker_groups_already_started_are_shut_down_when_a_later_one_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A critic that cannot start (no GPU, a bad model path) must not leave the actor's Ray
+    actors running: build_roles shuts the started groups down before the error propagates."""
+    import trainers.workers as workers
+
+    started: list[str] = []
+    stopped: list[str] = []
+
+    class FakeGroup:
+        def __init__(self, pool: object, cls: type, *, kwargs: dict, share: float, name: str):
+            if name == "critic":
+                raise RuntimeError("critic: CUDA out of memory")
+            assert share == pytest.approx(1 / 3)  # actor, ref and critic share the pool
+            self.name = name
+            started.append(name)
+
+        def shutdown(self) -> None:
+            stopped.append(self.name)
+
+    monkeypatch.setattr(workers, "WorkerGroup", FakeGroup)
+    cfg = load_run_config(
+        "recipes/quickstart.yaml",
+        [f"output_dir={tmp_path}", "algo.kl.coef=0.01", "algo.adv_estimator=gae"],
+    )
+    with pytest.raises(RuntimeError, match="out of memory"):
+        workers.build_roles(cfg, object(), tmp_path, num_threads=1)  # type: ignore[arg-type]
+    assert started == ["actor", "ref"] and stopped == ["ref", "actor"]
