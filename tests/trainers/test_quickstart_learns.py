@@ -17,7 +17,8 @@ import pytest
 from trainers.cli import train_seeds_main
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
-SEEDS = [0, 1]  # the docs' figure uses 0, 1, 2; CI checks two of them (the standard's minimum) for time
+# the docs' figure uses seeds 0, 1, 2; CI checks two of them (the standard's minimum), for time
+SEEDS = [0, 1]
 
 
 @pytest.mark.slow
