@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -32,20 +34,26 @@ OPEN, REPEAT = 5, 6  # the markers before the string and before its copy
 
 
 def batch(
-    n: int, length: int, filler: int, gen: torch.Generator
+    n: int,
+    length: int,
+    filler: int,
+    gen: torch.Generator,
+    strings: tuple[int, int] = STRING_IDS,
+    fillers: tuple[int, int] = FILLER_IDS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` padded sequences and their labels (-100 everywhere but the copy)."""
+    """``n`` padded sequences and their labels (-100 everywhere but the copy); string and
+    filler tokens are drawn from the id ranges ``strings`` and ``fillers``."""
     width = 2 * filler + 2 * length + 2
     ids = torch.zeros(n, width, dtype=torch.long)
     labels = torch.full((n, width), -100)
     for i in range(n):
-        x = torch.randint(*STRING_IDS, (length,), generator=gen)
+        x = torch.randint(*strings, (length,), generator=gen)
         a, b = (int(torch.randint(0, filler + 1, (1,), generator=gen)) for _ in range(2))
         parts = [
-            torch.randint(*FILLER_IDS, (a,), generator=gen),
+            torch.randint(*fillers, (a,), generator=gen),
             torch.tensor([OPEN]),
             x,
-            torch.randint(*FILLER_IDS, (b,), generator=gen),
+            torch.randint(*fillers, (b,), generator=gen),
             torch.tensor([REPEAT]),
             x,
         ]
@@ -67,6 +75,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--every", type=int, default=250)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--all-ids",
+        action="store_true",
+        help="strings and filler both from every ordinary token id (not 64 ids and a disjoint "
+        "filler range): the copy as it meets real text",
+    )
+    p.add_argument("--save", default="", help="write the trained model here (an HF directory)")
     args = p.parse_args()
     if args.length < 1 or args.filler < 0 or args.steps < 1:
         p.error("--length >= 1, --filler >= 0 and --steps >= 1 are needed")
@@ -74,9 +89,10 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    with tempfile.TemporaryDirectory() as tmp:
+    base = Path(tempfile.mkdtemp(prefix="copy_probe_"))
+    try:
         path = make_tiny_model(
-            tmp,
+            base,
             hidden_size=args.hidden,
             num_layers=args.layers,
             num_heads=args.heads,
@@ -84,17 +100,27 @@ def main() -> None:
             seed=args.seed,
         )
         model = AutoModelForCausalLM.from_pretrained(path)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except BaseException:
+        shutil.rmtree(base, ignore_errors=True)
+        raise
+    ranges = (STRING_IDS, FILLER_IDS)
+    if args.all_ids:  # every id of the trained BPE vocabulary past the markers, no special token
+        every = (REPEAT + 1, tokenizer.vocab_size)  # specials come first, added tokens after
+        ranges = (every, every)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     t0 = time.perf_counter()
     result: dict[str, float] = {}
     for step in range(1, args.steps + 1):
-        ids, labels = batch(args.batch, args.length, args.filler, gen)
+        ids, labels = batch(args.batch, args.length, args.filler, gen, *ranges)
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
         if step % args.every == 0 or step == args.steps:
-            ids, labels = batch(args.batch, args.length, args.filler, gen)
+            ids, labels = batch(args.batch, args.length, args.filler, gen, *ranges)
             with torch.no_grad():
                 pred = model(input_ids=ids).logits[:, :-1].argmax(-1)
             target, mask = labels[:, 1:], labels[:, 1:] != -100
@@ -112,6 +138,10 @@ def main() -> None:
                 f"{result['seconds']:.0f} s",
                 flush=True,
             )
+    if args.save:  # a base model for a recipe (model.path=DIR): the tiny model's files, trained
+        shutil.copytree(base, args.save, dirs_exist_ok=True)
+        model.save_pretrained(args.save)
+    shutil.rmtree(base, ignore_errors=True)
     print(json.dumps({"probe": "copy", **vars(args), **result}))
 
 

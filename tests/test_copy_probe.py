@@ -36,10 +36,10 @@ def test_labels_are_the_repeated_string_and_its_distance_varies() -> None:
     assert len(gaps) > 5  # the copy is not at a fixed offset
 
 
-def test_a_short_run_prints_its_figures_as_json() -> None:
-    args = "--hidden 32 --layers 1 --length 3 --filler 4 --steps 3 --every 2 --batch 4"
+def test_a_short_run_prints_its_figures_as_json_and_saves_a_usable_model(tmp_path: Path) -> None:
+    args = "--hidden 32 --layers 1 --length 3 --filler 4 --steps 3 --every 2 --batch 4 --all-ids"
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), *args.split()],
+        [sys.executable, str(SCRIPT), *args.split(), "--save", str(tmp_path / "m")],
         capture_output=True,
         text=True,
         timeout=300,
@@ -49,3 +49,8 @@ def test_a_short_run_prints_its_figures_as_json() -> None:
     last = json.loads(out[-1])
     assert last["probe"] == "copy" and last["step"] == 3 and 0.0 <= last["string_acc"] <= 1.0
     assert last["loss"] > 0
+    from agentrl.chat import ChatTemplate
+
+    template = ChatTemplate.from_pretrained(tmp_path / "m")  # what a recipe's model.path loads
+    assert template.tokenizer.vocab_size > 100
+    assert (tmp_path / "m" / "model.safetensors").exists()
