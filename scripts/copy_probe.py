@@ -3,15 +3,17 @@ curricula fail at (a path, a password, a tool's value written back later).
 
     python scripts/copy_probe.py [--hidden 128] [--layers 2] [--length 8] [--filler 100]
                                  [--steps 2500] [--lr 1e-3] [--batch 32] [--seed 0]
+                                 [--all-ids] [--save DIR]
 
 Each sequence is ``filler_a <5> x_1..x_L filler_b <6> x_1..x_L``: L tokens drawn from 64 ids,
 random filler (0..--filler tokens each, ids disjoint from the string's) around them, so the
 copy sits at a different distance every time and a model must find the string by its marker,
-not by position. The loss is on the repeated string only (chance: ln 64 = 4.16). With
-``--filler 0`` the copy is always L+1 tokens back (the easy, positional case). Every
-``--every`` steps it prints the training loss and, on a fresh batch, the share of copied tokens
-and of whole strings the model predicts right (greedy, teacher-forced); the last line is JSON
-with the final figures.
+not by position. The loss is on the repeated string only (chance: ln 64 = 4.16; with
+``--all-ids``, ln of the vocabulary's size). With ``--filler 0`` the copy is always L+1
+tokens back (the easy, positional case). Every ``--every`` steps it prints the training loss
+and, on a fresh batch, the share of copied tokens and of whole strings the model predicts
+right (greedy, teacher-forced); the last line is JSON with the final figures. ``--save DIR``
+writes the trained model as a base for a recipe (``model.path=DIR``).
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ def main() -> None:
         every = (REPEAT + 1, tokenizer.vocab_size)  # specials come first, added tokens after
         ranges = (every, every)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    chance = math.log(ranges[0][1] - ranges[0][0])  # the loss of a uniform guess at a string token
     t0 = time.perf_counter()
     result: dict[str, float] = {}
     for step in range(1, args.steps + 1):
@@ -133,7 +136,7 @@ def main() -> None:
                 "seconds": round(time.perf_counter() - t0, 1),
             }
             print(
-                f"step {step}: loss {result['loss']:.3f} (chance {math.log(64):.2f}), "
+                f"step {step}: loss {result['loss']:.3f} (chance {chance:.2f}), "
                 f"tokens copied {result['token_acc']:.1%}, strings {result['string_acc']:.1%}, "
                 f"{result['seconds']:.0f} s",
                 flush=True,
