@@ -105,46 +105,46 @@ def main() -> None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except BaseException:
-        shutil.rmtree(base, ignore_errors=True)
-        raise
-    ranges = (STRING_IDS, FILLER_IDS)
-    if args.all_ids:  # every id of the trained BPE vocabulary past the markers, no special token
-        every = (REPEAT + 1, tokenizer.vocab_size)  # specials come first, added tokens after
-        ranges = (every, every)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    chance = math.log(ranges[0][1] - ranges[0][0])  # the loss of a uniform guess at a string token
-    t0 = time.perf_counter()
-    result: dict[str, float] = {}
-    for step in range(1, args.steps + 1):
-        ids, labels = batch(args.batch, args.length, args.filler, gen, *ranges)
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % args.every == 0 or step == args.steps:
+        ranges = (STRING_IDS, FILLER_IDS)
+        if args.all_ids:  # every id of the BPE vocabulary past the markers, no special token
+            every = (REPEAT + 1, tokenizer.vocab_size)  # specials come first, added tokens after
+            ranges = (every, every)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+        chance = math.log(
+            ranges[0][1] - ranges[0][0]
+        )  # the loss of a uniform guess at a string token
+        t0 = time.perf_counter()
+        result: dict[str, float] = {}
+        for step in range(1, args.steps + 1):
             ids, labels = batch(args.batch, args.length, args.filler, gen, *ranges)
-            with torch.no_grad():
-                pred = model(input_ids=ids).logits[:, :-1].argmax(-1)
-            target, mask = labels[:, 1:], labels[:, 1:] != -100
-            right = (pred == target) | ~mask
-            result = {
-                "step": step,
-                "loss": round(float(loss), 4),
-                "token_acc": round(float(right[mask].float().mean()), 4),
-                "string_acc": round(float(right.all(-1).float().mean()), 4),
-                "seconds": round(time.perf_counter() - t0, 1),
-            }
-            print(
-                f"step {step}: loss {result['loss']:.3f} (chance {chance:.2f}), "
-                f"tokens copied {result['token_acc']:.1%}, strings {result['string_acc']:.1%}, "
-                f"{result['seconds']:.0f} s",
-                flush=True,
-            )
-    if args.save:  # a base model for a recipe (model.path=DIR): the tiny model's files, trained
-        shutil.copytree(base, args.save, dirs_exist_ok=True)
-        model.save_pretrained(args.save)
-    shutil.rmtree(base, ignore_errors=True)
+            loss = model(input_ids=ids, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % args.every == 0 or step == args.steps:
+                ids, labels = batch(args.batch, args.length, args.filler, gen, *ranges)
+                with torch.no_grad():
+                    pred = model(input_ids=ids).logits[:, :-1].argmax(-1)
+                target, mask = labels[:, 1:], labels[:, 1:] != -100
+                right = (pred == target) | ~mask
+                result = {
+                    "step": step,
+                    "loss": round(float(loss), 4),
+                    "token_acc": round(float(right[mask].float().mean()), 4),
+                    "string_acc": round(float(right.all(-1).float().mean()), 4),
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
+                print(
+                    f"step {step}: loss {result['loss']:.3f} (chance {chance:.2f}), "
+                    f"tokens copied {result['token_acc']:.1%}, strings {result['string_acc']:.1%}, "
+                    f"{result['seconds']:.0f} s",
+                    flush=True,
+                )
+        if args.save:  # a base model for a recipe (model.path=DIR): the tiny model's files, trained
+            shutil.copytree(base, args.save, dirs_exist_ok=True)
+            model.save_pretrained(args.save)
+    finally:  # the temporary model goes, whatever happens in training
+        shutil.rmtree(base, ignore_errors=True)
     print(json.dumps({"probe": "copy", **vars(args), **result}))
 
 
