@@ -305,6 +305,9 @@ class InferenceConfig:
     compile_pointwise: bool = False
     """Static engine: torch.compile the decoder's elementwise runs into one kernel
     each before graphs are captured (``--compile-pointwise``; docs/guides/inference.md)."""
+    prefill_every: int = 1
+    """Embedded servers: while requests decode, admit waiting ones at most every N decode
+    steps (``--prefill-every``), so next turns coming back a few a step share a prefill."""
     startup_timeout_s: float = 180.0
     verify_weights: bool = True
     """After each sync, compare the servers' weight checksums with the trainer's."""
@@ -347,6 +350,11 @@ class InferenceConfig:
         if self.capture_graphs not in ("eager", "lazy", "all"):
             raise ConfigError(
                 f"inference.capture_graphs must be eager, lazy or all, got {self.capture_graphs!r}"
+            )
+        if self.prefill_every < 1:
+            raise ConfigError(
+                f"inference.prefill_every must be >= 1 (1: admit at every decode step), got "
+                f"{self.prefill_every}"
             )
         paths = _SYNC_PATHS.get(self.backend)
         if paths is None:

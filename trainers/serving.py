@@ -287,6 +287,7 @@ class Fleet:
                         *("--kv-cache-gb", str(c.kv_cache_gb)),
                         *("--capture-graphs", c.capture_graphs),
                         *(["--compile-pointwise"] if c.compile_pointwise else []),
+                        *("--prefill-every", str(c.prefill_every)),
                     ],
                 )
             )

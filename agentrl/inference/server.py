@@ -473,6 +473,13 @@ def main(argv: list[str] | None = None) -> None:
         help="the gap between requests that ends a burst (see --batch-wait-ms)",
     )
     p.add_argument(
+        "--prefill-every",
+        type=int,
+        default=1,
+        help="while requests decode, admit waiting ones at most every N decode steps, so "
+        "next turns that come back a few a step share one prefill (1: every step)",
+    )
+    p.add_argument(
         "--no-prefix-pool",
         action="store_true",
         help="static: do not keep finished requests' KV in free slots for the next turn",
@@ -547,6 +554,7 @@ def main(argv: list[str] | None = None) -> None:
             prefix_pool=not a.no_prefix_pool,
             batch_wait_ms=a.batch_wait_ms,
             batch_quiet_ms=a.batch_quiet_ms,
+            prefill_every=a.prefill_every,
         )
     )
     engine.start()

@@ -618,6 +618,36 @@ def test_a_burst_of_requests_starts_as_one_prefill(engine: str, tiny_model: Path
     assert 0.25 < held[5000.0] <= busy[5000.0] and held[0.0] < 0.01 and busy[0.0] > 0
 
 
+@pytest.mark.parametrize("engine", ["static", "dynamic"])
+def test_prefill_every_gathers_late_arrivals_into_one_prefill(
+    engine: str, tiny_model: Path
+) -> None:
+    """While a request decodes, requests arriving a few steps apart are admitted at every step
+    boundary (a prefill each) by default, and together with a large ``prefill_every``; the
+    tokens are the same either way."""
+    long = RequestParams(max_new_tokens=300, temperature=0.0, ignore_eos=True)
+    short = RequestParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    prompts = _prompts(4, seed=7)
+    forwards, outputs = {}, {}
+    for every in (1, 10_000):
+        runner = _runner(tiny_model, engine, batch_wait_ms=0.0, prefill_every=every)
+        try:
+            futs = _send(runner, prompts[:1], [long], tag="long")
+            for i in range(1, 4):  # each lands at a step boundary of its own
+                time.sleep(0.03)
+                futs += _send(runner, prompts[i : i + 1], [short], tag=f"late{i}")
+            assert not futs[0].done()  # every late request came while the long one ran
+            outputs[every] = [f.result(timeout=120).output_ids for f in futs]
+            forwards[every] = runner.stats["prefill_forwards"]
+        finally:
+            runner.shutdown()
+    assert outputs[1] == outputs[10_000]
+    assert forwards[1] == 4  # the long request's prefill, then one per late arrival
+    assert forwards[10_000] == 2  # the late three waited for the long one and went together
+
+
 def test_bad_batch_wait_is_a_config_error(tiny_model: Path) -> None:
     with pytest.raises(ConfigError, match="batch_wait_ms and batch_quiet_ms must be >= 0"):
         build_runner(ModelRunner.Config(model=str(tiny_model), batch_wait_ms=-1.0))
+    with pytest.raises(ConfigError, match="prefill_every must be >= 1"):
+        build_runner(ModelRunner.Config(model=str(tiny_model), prefill_every=0))

@@ -22,6 +22,7 @@ def test_defaults_with_an_env_validate() -> None:
         (["inference.backend=tgi"], "embedded, vllm, sglang"),
         (["inference.backend=vllm", "inference.weight_sync=tensors"], "auto, vllm, disk"),
         (["inference.engine=paged"], "inference.engine must be auto, static or dynamic"),
+        (["inference.prefill_every=0"], "inference.prefill_every must be >= 1"),
         (["algo.loss_agg=token_mean"], "token-mean"),
         (["sft.prompt_loss_weight=-1"], r"sft.prompt_loss_weight must be >= 0"),
         (["sft.prompt_loss_weight=0.1", "engine.backend=megatron"], "engine.backend=torch"),
