@@ -15,6 +15,7 @@ def test_freeze_takes_live_objects_out_of_later_passes() -> None:
     try:
         frozen = heap.freeze()
         assert frozen >= len(keep) and gc.get_freeze_count() == frozen
+        assert heap.pauses()["gc_frozen_objects"] == frozen  # counted at the freeze
         # a full pass now walks only what was made since: the frozen lists are not in it
         assert not any(o is keep[0] for o in gc.get_objects(generation=2))
     finally:
