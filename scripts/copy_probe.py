@@ -110,9 +110,8 @@ def main() -> None:
             every = (REPEAT + 1, tokenizer.vocab_size)  # specials come first, added tokens after
             ranges = (every, every)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-        chance = math.log(
-            ranges[0][1] - ranges[0][0]
-        )  # the loss of a uniform guess at a string token
+        # the loss of a uniform guess at a string token
+        chance = math.log(ranges[0][1] - ranges[0][0])
         t0 = time.perf_counter()
         result: dict[str, float] = {}
         for step in range(1, args.steps + 1):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,19 +9,13 @@ from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "copy_probe.py"
+from tests.script_module import SCRIPTS, load_script
 
-
-def _probe():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("copy_probe", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+SCRIPT = SCRIPTS / "copy_probe.py"
 
 
 def test_labels_are_the_repeated_string_and_its_distance_varies() -> None:
-    probe = _probe()
+    probe = load_script("copy_probe")
     ids, labels = probe.batch(64, 5, 20, torch.Generator().manual_seed(0))
     gaps = set()
     for row, lab in zip(ids.tolist(), labels.tolist(), strict=True):

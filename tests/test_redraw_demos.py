@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import re
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "redraw_demos.py"
-
-
-def _script():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("redraw_demos", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.script_module import load_script
 
 
 def _demo() -> list[dict]:
@@ -35,7 +25,7 @@ def _demo() -> list[dict]:
 
 
 def test_paths_and_line_numbers_are_redrawn_consistently() -> None:
-    redraw = _script().redraw
+    redraw = load_script("redraw_demos").redraw
     demo = _demo()
     seen = set()
     for seed in range(5):
@@ -54,4 +44,4 @@ def test_paths_and_line_numbers_are_redrawn_consistently() -> None:
 
 def test_a_conversation_without_paths_is_returned_as_is() -> None:
     msgs = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]
-    assert _script().redraw(msgs, random.Random(0)) == msgs
+    assert load_script("redraw_demos").redraw(msgs, random.Random(0)) == msgs

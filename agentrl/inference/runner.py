@@ -114,12 +114,9 @@ class ModelRunner:
         batch_quiet_ms: float = 2.0
         """The gap that ends a burst (see ``batch_wait_ms``): a lone request waits this long."""
         prefill_every: int = 1
-        """While requests are decoding, admit waiting ones at most every this many decode
-        steps (1: at every step boundary). Each admission is a prefill forward of its own; when
-        the next turns of a batch's conversations come back one or two a step (their first
-        turns ended at different lengths), a larger value gathers them into fewer, larger
-        prefills at the cost of up to this many steps of waiting each. An idle engine admits
-        at once (after ``batch_wait_ms``)."""
+        """While requests decode, admit waiting ones at most every this many decode steps (1:
+        every step): next turns coming back a few a step then share one prefill forward, each
+        waiting up to this many steps. An idle engine admits at once (after ``batch_wait_ms``)."""
         prefix_pool: bool = True
         """static: keep a finished request's KV in a free slot until the slot is needed, so a
         request that starts with its tokens (the next turn of a conversation) copies it
@@ -132,9 +129,7 @@ class ModelRunner:
         if cfg.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {cfg.max_batch_size}.")
         if cfg.prefill_every < 1:
-            raise ConfigError(
-                f"prefill_every must be >= 1 (1: every step), got {cfg.prefill_every}"
-            )
+            raise ConfigError(f"prefill_every must be >= 1, got {cfg.prefill_every}")
         if cfg.batch_wait_ms < 0 or cfg.batch_quiet_ms < 0:
             raise ConfigError(
                 f"batch_wait_ms and batch_quiet_ms must be >= 0 (0: no waiting), got "
@@ -295,7 +290,10 @@ class ModelRunner:
             if self.paused:
                 continue
             try:
-                if self._waiting and self._room() > 0 and self._prefill_due():
+                due = (  # admit now: nothing runs, or prefill_every steps since the last
+                    not self._has_running() or self._steps_since_prefill >= self.cfg.prefill_every
+                )
+                if self._waiting and self._room() > 0 and due:
                     self._prefill()
                     self._steps_since_prefill = 0
                 if self._has_running():
@@ -304,11 +302,6 @@ class ModelRunner:
             except Exception as exc:  # a failed forward must not take the server down
                 logger.exception("engine step failed")
                 self._fail_all(f"{type(exc).__name__}: {exc}")
-
-    def _prefill_due(self) -> bool:
-        """Admit waiting requests now: the engine has nothing running, or ``prefill_every``
-        decode steps have passed since the last admission."""
-        return not self._has_running() or self._steps_since_prefill >= self.cfg.prefill_every
 
     def _drain(self, block: bool) -> bool:
         """Run queued commands; False once shutdown was requested."""
