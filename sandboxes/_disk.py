@@ -54,7 +54,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,6 +271,7 @@ lives)."""
 _spares: dict[int, list[_Spare]] = {}
 _preparing: set[int] = set()
 _worker: list[ThreadPoolExecutor] = []
+_pending: set[Future[object]] = set()  # queued or running on _worker, for settle()
 
 
 def _take_spare(disk_mb: int) -> _Spare | None:
@@ -302,7 +303,26 @@ def _background(fn: Callable[..., object], *args: object) -> None:
         if not _worker:
             _worker.append(ThreadPoolExecutor(2, thread_name_prefix="agentrl-disk"))
             atexit.register(_drop_spares)  # runs after the threads are joined
-    _worker[0].submit(fn, *args)
+        future = _worker[0].submit(fn, *args)
+        _pending.add(future)
+    future.add_done_callback(_forget)
+
+
+def _forget(future: Future[object]) -> None:
+    with _lock:
+        _pending.discard(future)
+
+
+def settle(timeout_s: float = 60.0) -> bool:
+    """Wait until the background work queued so far (spares being made, removed images being
+    deleted) is done; False if some is still running after ``timeout_s``. Removal returns
+    before its image is deleted (the unlink waits for writeback: ~30-50 ms each at load 6,
+    seconds for a burst of hundreds on 2 busy cores); call this where "nothing left on disk"
+    must hold now, e.g. a test's final check or before reporting disk use."""
+    with _lock:
+        pending = list(_pending)
+    _done, not_done = wait(pending, timeout=timeout_s)
+    return not not_done
 
 
 def _prepare(disk_mb: int) -> None:

@@ -407,3 +407,20 @@ async def test_a_killed_process_leaves_no_spare_mounted(sandbox_root: str) -> No
     finally:
         await sweep("local", prefix, LocalSandbox.Config(root_dir=sandbox_root))
     assert not img.exists() and img.parent == _disk.template_dir()
+
+
+def test_settle_waits_for_the_disk_caps_background_work() -> None:
+    """``settle`` returns only once the queued background work (spares, deletes of removed
+    images) has run, and says False when its timeout comes first."""
+    import threading
+
+    from sandboxes import _disk
+
+    release, ran = threading.Event(), []
+    _disk._background(release.wait, 30)
+    _disk._background(ran.append, 1)
+    _disk._background(ran.append, 2)
+    assert _disk.settle(0.05) is False  # the first job still holds a thread
+    release.set()
+    assert _disk.settle(30) is True
+    assert sorted(ran) == [1, 2] and not _disk._pending

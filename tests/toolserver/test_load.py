@@ -35,7 +35,7 @@ from agentrl.http import ServerThread
 from agentrl.sandbox_pool import SandboxPool
 from agentrl.toolserver import RemoteToolSet, ToolServer
 from agentrl.types import ToolCall
-from sandboxes import _cgroup
+from sandboxes import _cgroup, _disk
 from tools.swe import swe_toolset
 
 TOKEN = "load-token-0123456789"
@@ -211,6 +211,10 @@ async def test_concurrent_sessions_on_one_server(
     for c in clients:
         await c.aclose()
     after = await wait_back_to(base)
+    # removed images are deleted on the disk cap's background threads (seconds for 200 on 2 busy cores)
+    assert await asyncio.to_thread(_disk.settle, 120.0), (
+        "the disk cap's background deletes did not finish"
+    )
     assert after.fds <= base.fds, f"fds: {base.fds} before, {after.fds} after"
     assert after.children <= base.children, f"processes left: {after.children - base.children}"
     assert _cgroup_children(cg_parent) == base_cgroups == []
