@@ -8,9 +8,10 @@ it. Every process that may touch NCCL gets these three variables, whatever its p
 
 - the driver (``apply_to_this_process``, called by ``init_ray_local`` and ``agentrl train``),
   which may broadcast weights to the servers over NCCL;
-- every Ray worker: the job's ``runtime_env`` when ``init_ray_local`` starts Ray, and each
-  actor's own ``runtime_env`` (``actor_runtime_env``: training ranks, rollout workers) for a
-  cluster someone else started;
+- every Ray worker: on the one-node instance ``init_ray_local`` starts, by inheritance (the
+  driver sets them before ``ray.init``, the raylet and its workers inherit them); on a cluster
+  someone else started, or one other nodes joined, through each actor's own ``runtime_env``
+  (``ray_utils.worker_runtime_env``: training ranks, rollout workers);
 - every inference server process (embedded, vLLM, SGLang: ``server_env``).
 
 ``tests/distributed/test_gpu_env.py`` reads them back from a real Ray worker, a rollout

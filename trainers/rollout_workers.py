@@ -60,7 +60,6 @@ from typing import Any
 
 from agentrl import heap
 from agentrl.errors import ConfigError, TrainingError
-from agentrl.gpu_env import actor_runtime_env
 from agentrl.rollout.collector import CollectorConfig
 from agentrl.types import RolloutStatus, Sample, Trajectory, TrajectoryGroup
 from trainers.config import RewardConfig, RolloutWorkersConfig, RunConfig
@@ -189,6 +188,8 @@ class RolloutWorkerPool:
     ) -> None:
         import ray
 
+        from agentrl.distributed.ray_utils import worker_runtime_env
+
         cfg.validate()
         if cfg.num < 1:
             raise ConfigError("RolloutWorkerPool needs rollout_workers.num >= 1")
@@ -196,12 +197,13 @@ class RolloutWorkerPool:
         self._routable = routable
         collector = spec.rollout
         self.max_groups = cfg.max_groups or -(-collector.max_concurrency // collector.group_size)
+        env = worker_runtime_env()
         remote: Any = ray.remote(worker_cls).options(  # type: ignore[attr-defined]
             num_cpus=cfg.num_cpus,
             resources=dict(cfg.resources) or None,
             max_restarts=cfg.max_restarts,
-            runtime_env=actor_runtime_env(),
             max_concurrency=max(2 * self.max_groups + 8, 16),
+            **({"runtime_env": env} if env else {}),
         )
         self.workers = [_Handle(remote.remote(spec)) for _ in range(cfg.num)]
         self._free = asyncio.Condition()

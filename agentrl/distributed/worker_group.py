@@ -69,6 +69,7 @@ from agentrl.distributed.dispatch import (
     split_value,
 )
 from agentrl.distributed.futures import CallSite, GroupFuture, Sharded, wait_all
+from agentrl.distributed.ray_utils import worker_runtime_env
 from agentrl.distributed.resources import ResourcePool
 from agentrl.distributed.traffic import TRAFFIC
 from agentrl.distributed.worker import (
@@ -80,7 +81,6 @@ from agentrl.distributed.worker import (
     WorkerHost,
 )
 from agentrl.errors import ConfigError, ResourceUnavailableError, WorkerTimeoutError
-from agentrl.gpu_env import actor_runtime_env
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,8 @@ class WorkerGroup(Generic[W]):
         host = _remote_host()
         for rank in range(self.world_size):
             options = self.pool.actor_options(rank, self.share)
-            handle = host.options(**options, runtime_env=actor_runtime_env()).remote(rank)
+            env = worker_runtime_env()
+            handle = host.options(**options, **({"runtime_env": env} if env else {})).remote(rank)
             self._handles.append(handle)
         site = self._site("describe", self.config.start_timeout_s)
         describe = [h.describe.remote(rank == 0) for rank, h in enumerate(self._handles)]

@@ -122,6 +122,21 @@ def test_health_answers_while_a_method_runs(group: WorkerGroup[EchoWorker], tmp_
     assert busy.result() == [True, True]
 
 
+def test_actors_get_a_runtime_env_only_where_they_would_not_inherit_one(
+    group: WorkerGroup[EchoWorker],
+) -> None:
+    """On the one-node instance init_ray_local started, workers inherit the driver's
+    environment: no runtime_env (it would keep Ray from using its prestarted workers). A
+    caller's own runtime_env still gets MULTICAST_OFF; a cluster started elsewhere gets it
+    with every actor (tests/trainers/test_rollout_workers.py reads it back there)."""
+    from agentrl.distributed.ray_utils import worker_runtime_env
+    from agentrl.gpu_env import MULTICAST_OFF
+
+    assert worker_runtime_env() == {}
+    env = worker_runtime_env({"env_vars": {"EXTRA": "1"}})
+    assert env["env_vars"] == {"EXTRA": "1", **MULTICAST_OFF}
+
+
 def test_ranks_have_nvlink_multicast_off(group: WorkerGroup[EchoWorker]) -> None:
     """Every rank's process environment holds ``agentrl.gpu_env.MULTICAST_OFF`` (issue 27)."""
     from agentrl.gpu_env import MULTICAST_OFF

@@ -19,6 +19,7 @@ from trainers.cli import train_seeds_main
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
 # the docs' figure uses seeds 0, 1, 2; CI checks two of them (the standard's minimum), for time
 SEEDS = [0, 1]
+JOBS = 2  # both seeds at once, each on half the cores (train.num_cpus): see .ci/run
 
 
 @pytest.mark.slow
@@ -26,7 +27,7 @@ SEEDS = [0, 1]
 @pytest.mark.timeout(3600)  # two full runs; ~4 min each on 2 free cores, more on a busy machine
 def test_quickstart_rises_by_two_standard_errors_on_every_seed(tmp_path: Path) -> None:
     overrides = [f"output_dir={tmp_path}", "logging.console=false", "checkpoint.every=0"]
-    summary = train_seeds_main(RECIPE, SEEDS, overrides)
+    summary = train_seeds_main(RECIPE, SEEDS, overrides, jobs=JOBS)
 
     saved = json.loads((tmp_path / "quickstart-seeds" / "summary.json").read_text())
     assert saved["seeds"] == SEEDS
