@@ -1,6 +1,7 @@
-"""The quickstart's learning claim, checked the way the docs state it (slow: ~10-15 min on 2 cores).
+"""The quickstart's learning claim, checked the way the docs state it (slow: ~7 min on 2 cores).
 
-`agentrl train recipes/quickstart.yaml --seeds 0,1`, through the same entry point as the CLI:
+`agentrl train recipes/quickstart.yaml --seeds 0,1 --jobs 2`, through the same entry point as the
+CLI (both seeds at once, each in a process of its own on one of the 2 cores):
 for every seed, success on the eval split (tasks disjoint by content from every SFT and RL task)
 must rise by at least two standard errors of the difference, on at least 128 distinct eval
 tasks. A recipe that learns on one seed only, or an eval that overlaps training, fails here.
@@ -24,7 +25,7 @@ JOBS = 2  # both seeds at once, each on half the cores (train.num_cpus): see .ci
 
 @pytest.mark.slow
 @pytest.mark.learning
-@pytest.mark.timeout(3600)  # two full runs; ~4 min each on 2 free cores, more on a busy machine
+@pytest.mark.timeout(3600)  # two full runs at once: ~7 min on 2 free cores, more on a busy machine
 def test_quickstart_rises_by_two_standard_errors_on_every_seed(tmp_path: Path) -> None:
     overrides = [f"output_dir={tmp_path}", "logging.console=false", "checkpoint.every=0"]
     summary = train_seeds_main(RECIPE, SEEDS, overrides, jobs=JOBS)
