@@ -122,3 +122,14 @@ def test_env_service_headline_samples_from_the_embedded_server() -> None:
     )
     assert "embedded server" in str(got["benchmark"]) and got["goal"] == 0.8
     assert isinstance(got["ratio"], float) and got["met"] == (got["ratio"] >= 0.8)
+
+
+@pytest.mark.slow
+def test_actor_start_headline_compares_the_runtime_env_with_inheritance() -> None:
+    """Both variants start an actor that reports the multicast-off variables (the script
+    exits non-zero if either lacks them), then the headline compares their medians."""
+    head = _headline("actor_start.py", "--actors", "1")
+    assert head["benchmark"] == "Ray actor start on the local instance, median of 1"
+    assert "runtime_env on the job and every actor" in str(head["baseline"])
+    assert isinstance(head["ours"], float) and head["ours"] > 0
+    assert head["met"] == (isinstance(head["ratio"], float) and head["ratio"] >= 1.5)
