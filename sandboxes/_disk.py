@@ -391,6 +391,7 @@ def _after_fork_in_child() -> None:
     _spares.clear()
     _preparing.clear()
     _worker.clear()  # its thread does not exist in the child
+    _pending.clear()  # nor do the parent's futures' threads: settle() must not wait on them
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

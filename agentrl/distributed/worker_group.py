@@ -148,10 +148,11 @@ class WorkerGroup(Generic[W]):
 
     def _start(self, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         host = _remote_host()
+        env = worker_runtime_env()
+        with_env = {"runtime_env": env} if env else {}
         for rank in range(self.world_size):
             options = self.pool.actor_options(rank, self.share)
-            env = worker_runtime_env()
-            handle = host.options(**options, **({"runtime_env": env} if env else {})).remote(rank)
+            handle = host.options(**options, **with_env).remote(rank)
             self._handles.append(handle)
         site = self._site("describe", self.config.start_timeout_s)
         describe = [h.describe.remote(rank == 0) for rank, h in enumerate(self._handles)]
