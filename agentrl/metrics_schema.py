@@ -29,6 +29,18 @@ rollouts, GPU generation, more nodes - adds phases and keys here, never a second
     them, during the step (``agentrl.distributed.traffic``; the weight sync's
     ``named_weights`` is part of ``bytes_in``).
 
+``driver/generate_cpu_s``
+    ``train.mode: sync`` only: CPU seconds the driver's own thread spent in the ``generate``
+    phase (prompts, tokenization, HTTP, env steps and rewards of every rollout). Near
+    ``timing/generate_s``, collection is bound by the driver's Python, not by the servers.
+``inference/engine_busy_s``, ``inference/engine_prefill_s``, ``inference/engine_decode_s``,
+``inference/prefill_forwards``, ``inference/decode_steps``
+    Embedded servers, summed over them: what their engines did since the previous step's
+    report (``/get_server_info``): seconds the engine thread had work (prefill and decode
+    forwards among it; the dynamic engine does not split its time, so it reports no
+    prefill/decode seconds) and how many prefill forwards and decode steps it ran. Against
+    ``timing/generate_s`` this says how much of generation the engines were computing.
+
 ``async/staleness_mean``, ``async/staleness_max``, ``async/staleness_frac_<k>``
     ``train.mode`` one_step_off and async only: how many weight versions the trained policy is
     ahead of the version that generated each trained (loss-mask) token; the mean, the maximum
@@ -58,6 +70,8 @@ __all__ = [
     "BUFFER_GROUPS",
     "BYTES_IN",
     "BYTES_OUT",
+    "ENGINE_COUNTERS",
+    "GENERATE_CPU_S",
     "GENERATION_IDLE_S",
     "GEN_TOKENS",
     "GEN_TOKENS_PER_S",
@@ -88,6 +102,15 @@ TRAIN_TOKENS_PER_S = "throughput/train_tokens_per_s"
 SAMPLES_PER_S = "throughput/samples_per_s"
 BYTES_OUT = "driver/bytes_out"
 BYTES_IN = "driver/bytes_in"
+GENERATE_CPU_S = "driver/generate_cpu_s"
+ENGINE_COUNTERS: dict[str, str] = {
+    "busy_s": "inference/engine_busy_s",
+    "prefill_s": "inference/engine_prefill_s",
+    "decode_s": "inference/engine_decode_s",
+    "prefill_forwards": "inference/prefill_forwards",
+    "decode_steps": "inference/decode_steps",
+}
+"""An embedded engine's cumulative counters (``engine.info()``) -> their per-step metric."""
 STALENESS_MEAN = "async/staleness_mean"
 STALENESS_MAX = "async/staleness_max"
 BUFFER_GROUPS = "async/buffer_groups"

@@ -54,7 +54,7 @@ from agentrl.distributed import ResourcePool, ShardCache, WorkerGroup
 from agentrl.distributed.traffic import TRAFFIC
 from agentrl.gpu_env import apply_to_this_process
 from agentrl.logging import MetricsLogger, Timer, mean_metrics, progress
-from agentrl.metrics_schema import OVERLAP_S, StepCounts, step_metrics
+from agentrl.metrics_schema import GENERATE_CPU_S, OVERLAP_S, StepCounts, step_metrics
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.types import TrajectoryGroup
 from trainers.async_rollout import (
@@ -236,11 +236,16 @@ class Trainer:
         t_step = time.perf_counter()
         TRAFFIC.take()  # what the step before left (checkpoint, eval) is not this step's
         self._gen_tokens = 0
+        cpu = time.thread_time()
         with self.timer.time("generate"):
             groups, filter_metrics = self.collect() if self.rollouts is None else self.take(step)
+        cpu = time.thread_time() - cpu
         self.failures.check(groups, step)
         batch = TrainBatch.from_groups(groups, self.pad_id)
         metrics = {**RolloutCollector.metrics(groups), **filter_metrics}
+        if self.rollouts is None and self.fleet is not None:  # sync: the phase was all rollouts
+            metrics[GENERATE_CPU_S] = cpu
+            metrics |= self.fleet.engine_metrics()
         if self.rollouts is not None:  # raises if a token is older than the bound
             metrics |= staleness_metrics(batch.versions, batch.loss_mask, self.version, self.bound)
             metrics |= self.rollouts.overlap(lambda: self.learn(step, groups, batch))
@@ -548,6 +553,7 @@ class Trainer:
             return {}
         assert self.fleet is not None
         m = eval_metrics(self.fleet, self.cfg, self.template)
+        self.fleet.engine_metrics()  # the next step's engine counters start after the eval
         logger.info(
             "eval (%s): reward %.3f, success %.3f",
             label,

@@ -35,6 +35,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TypeVar
 
+import httpx2
 import torch
 
 from agentrl.chat import ChatTemplate
@@ -53,6 +54,7 @@ from agentrl.inference.weight_sync import (
     WeightSync,
     WeightSyncConfig,
 )
+from agentrl.metrics_schema import ENGINE_COUNTERS
 from agentrl.reward import Rubric
 from agentrl.rollout.collector import CollectorConfig, RolloutCollector
 from agentrl.types import Sample, Trajectory, TrajectoryGroup
@@ -190,6 +192,7 @@ class Fleet:
         self._sync_lock = asyncio.Lock()  # one push at a time: a sync or a rejoin
         self._watch: asyncio.Task[None] | None = None
         self._rejoin_sync: WeightSync | None = None  # weight_sync distributed: HTTP or disk
+        self._engine_seen: dict[str, dict[str, float]] = {}  # url -> engine counters
         self.interrupt_hooks: list[tuple[Hook, Hook]] = []
         """(begin, end) coroutines run around each interrupting sync (``inference.interrupt``),
         for clients in other processes (rollout workers)."""
@@ -503,6 +506,41 @@ class Fleet:
             "inference/request_failovers": float(self.client.failovers if self.client else 0),
             "inference/resumed_requests": float(self.client.resumed_requests if self.client else 0),
         }
+
+    def engine_metrics(self) -> dict[str, float]:
+        """Embedded servers: ``ENGINE_COUNTERS`` since the previous call, summed over the
+        routable servers (``agentrl.metrics_schema``); {} for vLLM and SGLang, which report no
+        such counters. A server that does not answer, or restarted (its counters went back),
+        counts from what it reports now; it is never a failed step."""
+        if self.client is None or self.cfg.backend != "embedded":
+            return {}
+        http = self.client.http
+
+        async def one(url: str) -> dict[str, float] | None:
+            try:
+                resp = await http.get(url + "/get_server_info", timeout=5.0)
+                engine = resp.json().get("engine", {}) if resp.status_code == 200 else {}
+            except (httpx2.HTTPError, ValueError) as exc:
+                logger.debug("engine metrics of %s: %s", url, exc)
+                return None
+            return {k: float(engine[k]) for k in ENGINE_COUNTERS if k in engine}
+
+        async def every(urls: list[str]) -> list[dict[str, float] | None]:
+            return await asyncio.gather(*(one(u) for u in urls))
+
+        urls = list(self.client.urls)
+        now = self.run(every(urls))
+        out: dict[str, float] = {}
+        for url, counters in zip(urls, now, strict=True):
+            if counters is None:
+                continue
+            before = self._engine_seen.get(url, {})
+            self._engine_seen[url] = counters
+            for key, value in counters.items():
+                delta = value - before.get(key, 0.0)
+                metric = ENGINE_COUNTERS[key]
+                out[metric] = out.get(metric, 0.0) + (value if delta < 0 else delta)
+        return out
 
     def wait_for_servers(self, timeout_s: float = 600.0) -> None:
         """Block until no restart is under way (or ``timeout_s``)."""

@@ -51,6 +51,10 @@ _NOISY = (
     "throughput/gen_tokens_per_s",
     "throughput/train_tokens_per_s",
     "throughput/samples_per_s",
+    "driver/generate_cpu_s",
+    "inference/engine_",
+    "inference/prefill_forwards",  # how requests were batched depends on when they came
+    "inference/decode_steps",
 )
 
 
@@ -85,6 +89,13 @@ def test_quickstart_smoke_parity_weights_and_exact_resume(tmp_path: Path, ray_lo
         assert first["train/num_loss_tokens"] > 0
         assert first["train/rollout_logprob_diff"] <= 1e-4
         assert abs(first["train/ppo_kl_first"]) <= 1e-6
+        # Where the generate phase went: the server's engine counters of this step alone
+        # (the eval before it is not counted), and the driver's own CPU in it.
+        gen_s = first["timing/generate_s"]
+        assert first["inference/prefill_forwards"] >= 1 and first["inference/decode_steps"] >= 1
+        assert 0 < first["inference/engine_busy_s"] <= gen_s + 0.05
+        assert first["inference/engine_prefill_s"] + first["inference/engine_decode_s"] > 0
+        assert 0 < first["driver/generate_cpu_s"] <= gen_s + 0.05
         second = trainer.step()
         # The server holds the trainer's weights, tagged with the new version.
         assert trainer.fleet is not None and trainer.fleet.client is not None
