@@ -37,10 +37,15 @@ class _Entry:
 
 
 class PrefixPool:
-    """Which free slots hold which finished token prefixes (keyed by their first tokens)."""
+    """Which free slots hold which finished token prefixes (keyed by their first tokens).
+
+    ``entries`` is read-only outside this class: every change goes through a method, which
+    keeps the index by first tokens (``_heads``) in step, so a lookup compares only the
+    entries that start like the prompt, never every parked slot (a GRPO step parks hundreds)."""
 
     def __init__(self) -> None:
         self.entries: dict[int, _Entry] = {}
+        self._heads: dict[tuple[int, ...], set[int]] = {}  # first MIN_SHARED tokens -> slots
         self._clock = 0
         self.parked = 0  # entries ever parked
         self.evicted = 0  # entries dropped to make room (not counting ``clear``)
@@ -51,31 +56,30 @@ class PrefixPool:
     def park(self, slot: int, tokens: list[int], version: int | None) -> None:
         """Slot ``slot`` (free now) holds the KV of ``tokens`` made by weights ``version``
         (the static engine passes its weights epoch)."""
+        self._pop(slot)
         if len(tokens) < MIN_SHARED:
-            self.entries.pop(slot, None)
             return
         self._clock += 1
-        self.entries[slot] = _Entry(list(tokens), version, self._clock)
+        self._put(slot, _Entry(list(tokens), version, self._clock))
         self.parked += 1
 
     def drop(self, slots: range | list[int]) -> None:
         """These slots are about to be written (a prefill or a running row moves in)."""
         for s in slots:
-            self.entries.pop(s, None)
+            self._pop(s)
 
     def clear(self) -> None:
         self.entries.clear()
+        self._heads.clear()
 
     def best(self, tokens: list[int], version: int | None) -> tuple[int, int]:
         """(slot, shared prefix length) of the entry sharing the longest prefix with
         ``tokens`` made by weights ``version``; (-1, 0) when none shares ``MIN_SHARED``."""
-        head = tokens[:MIN_SHARED]
+        if len(tokens) < MIN_SHARED:
+            return -1, 0
+        slots = self._heads.get(tuple(tokens[:MIN_SHARED]), ())
         found = sorted(
-            (
-                (e.stamp, s)
-                for s, e in self.entries.items()
-                if e.version == version and e.tokens[:MIN_SHARED] == head
-            ),
+            ((self.entries[s].stamp, s) for s in slots if self.entries[s].version == version),
             reverse=True,
         )[:MAX_CANDIDATES]
         best, slot = 0, -1
@@ -98,26 +102,46 @@ class PrefixPool:
             key=lambda s: self.entries[s].stamp,
             reverse=True,
         )
+        if not leaving:
+            return [], []
         empty = [s for s in sorted(free, reverse=True) if s not in self.entries]
+        # entries that may be written over, least recent first; a leaving entry comes in more
+        # recent than every later (less recent) one, so it is never a victim of those
+        victims = sorted((self.entries[t].stamp, t) for t in free if t in self.entries)
         src: list[int] = []
         dst: list[int] = []
+        v = 0
         for s in leaving:
-            entry = self.entries.pop(s)
+            entry = self._pop(s)
+            assert entry is not None
             if empty:
                 to = empty.pop(0)
-            else:  # over the least recent entry outside [lo, hi) that is older than this one
-                older = [
-                    t for t in free if t in self.entries and self.entries[t].stamp < entry.stamp
-                ]
-                if not older:
-                    self.evicted += 1
-                    continue
-                to = min(older, key=lambda t: self.entries[t].stamp)
+            elif v < len(victims) and victims[v][0] < entry.stamp:
+                to = victims[v][1]
+                v += 1
+                self._pop(to)
                 self.evicted += 1
-            self.entries[to] = entry
+            else:
+                self.evicted += 1
+                continue
+            self._put(to, entry)
             src.append(s)
             dst.append(to)
         return src, dst
+
+    def _put(self, slot: int, entry: _Entry) -> None:
+        self.entries[slot] = entry
+        self._heads.setdefault(tuple(entry.tokens[:MIN_SHARED]), set()).add(slot)
+
+    def _pop(self, slot: int) -> _Entry | None:
+        entry = self.entries.pop(slot, None)
+        if entry is not None:
+            head = tuple(entry.tokens[:MIN_SHARED])
+            slots = self._heads[head]
+            slots.discard(slot)
+            if not slots:
+                del self._heads[head]
+        return entry
 
     def _tick(self) -> int:
         self._clock += 1

@@ -282,13 +282,14 @@ class StaticRunner(ModelRunner):
         first, n = len(self.slots), len(reqs)
         starts = self._reuse(reqs, first, donors)
         seqs = [r.input_ids + r.output_ids for r in reqs]  # a retracted request's tokens too
-        width = max(len(q) - s for q, s in zip(seqs, starts, strict=True))
-        ids = torch.zeros((n, width), dtype=torch.long)
-        for i, (r, q, s) in enumerate(zip(reqs, seqs, starts, strict=True)):
+        todo = [q[s:] for q, s in zip(seqs, starts, strict=True)]  # what is not reused
+        width = max(len(t) for t in todo)
+        # one tensor from padded lists: a copy per row costs more host time than the forward
+        ids = torch.tensor([t + [0] * (width - len(t)) for t in todo], dtype=torch.long)
+        for r in reqs:
             if not r.output_ids:
                 r.start_version = self.weight_version  # the version of its first token
             r.kv_epoch = self._kv_epoch  # its KV, prompt and tokens so far, made now
-            ids[i, : len(q) - s] = torch.tensor(q[s:], dtype=torch.long)
         lens = [len(q) for q in seqs]
         dev = self.device
         offsets = torch.tensor(starts, device=dev)[:, None]

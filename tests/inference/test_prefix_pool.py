@@ -65,3 +65,82 @@ def test_evacuate_moves_entries_up_then_evicts_the_least_recently_used() -> None
     assert pool.best(_seq(32, 3000), version=0) == (-1, 0)  # evicted
     pool.drop([6, 7])
     assert len(pool) == 0
+
+
+class _BruteForcePool(PrefixPool):
+    """The pool's specification, by scanning every entry (what the head index must equal)."""
+
+    def best(self, tokens: list[int], version: int | None) -> tuple[int, int]:
+        shared = {
+            s: common_prefix(tokens, e.tokens)
+            for s, e in self.entries.items()
+            if e.version == version and e.tokens[:MIN_SHARED] == tokens[:MIN_SHARED]
+        }
+        recent = sorted(shared, key=lambda s: self.entries[s].stamp, reverse=True)[:32]
+        slot = max(recent, key=lambda s: shared[s], default=-1)  # the most recent of the longest
+        if slot < 0 or shared[slot] < MIN_SHARED:
+            return -1, 0
+        self.entries[slot].stamp = self._tick()
+        return slot, shared[slot]
+
+    def evacuate(self, lo: int, hi: int, free: list[int]) -> tuple[list[int], list[int]]:
+        src: list[int] = []
+        dst: list[int] = []
+        for s in sorted(
+            (s for s in self.entries if lo <= s < hi), key=lambda s: -self.entries[s].stamp
+        ):
+            entry = self._pop(s)
+            assert entry is not None
+            empty = [t for t in sorted(free, reverse=True) if t not in self.entries]
+            older = [t for t in free if t in self.entries and self.entries[t].stamp < entry.stamp]
+            if empty:
+                to = empty[0]
+            elif older:
+                to = min(older, key=lambda t: self.entries[t].stamp)
+                self._pop(to)
+                self.evicted += 1
+            else:
+                self.evicted += 1
+                continue
+            self._put(to, entry)
+            src.append(s)
+            dst.append(to)
+        return src, dst
+
+
+def test_the_head_index_answers_as_a_scan_of_every_entry_would() -> None:
+    """Random parks, drops, lookups and evacuations (heads that collide, two weight versions,
+    full pools) give the same answers, entries and evictions as the brute-force scan."""
+    rng = random.Random(1)
+    fast, slow = PrefixPool(), _BruteForcePool()
+    heads = [[rng.randrange(4) for _ in range(MIN_SHARED)] for _ in range(3)]
+
+    def tokens() -> list[int]:
+        return rng.choice(heads) + [rng.randrange(3) for _ in range(rng.randrange(0, 12))]
+
+    slots = 24
+    for step in range(3000):
+        op = rng.random()
+        if op < 0.4:
+            slot, toks, version = rng.randrange(slots), tokens(), rng.randrange(2)
+            fast.park(slot, toks, version)
+            slow.park(slot, toks, version)
+        elif op < 0.7:
+            query, version = tokens() + [rng.randrange(3) for _ in range(4)], rng.randrange(2)
+            assert fast.best(query, version) == slow.best(query, version), step
+        elif op < 0.95:
+            lo = rng.randrange(slots)
+            hi = rng.randrange(lo, slots + 1)
+            free = [s for s in range(hi, slots) if rng.random() < 0.8]
+            assert fast.evacuate(lo, hi, free) == slow.evacuate(lo, hi, free), step
+        elif op < 0.99:
+            gone = rng.sample(range(slots), 3)
+            fast.drop(gone)
+            slow.drop(gone)
+        else:
+            fast.clear()
+            slow.clear()
+        assert {s: (e.tokens, e.version, e.stamp) for s, e in fast.entries.items()} == {
+            s: (e.tokens, e.version, e.stamp) for s, e in slow.entries.items()
+        }, step
+        assert fast.evicted == slow.evicted
