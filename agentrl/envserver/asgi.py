@@ -24,6 +24,7 @@ from agentrl.envserver.api import (
 )
 from agentrl.envserver.wire import MEDIA_TYPE
 from agentrl.http import ApiError, BodyTooLarge, error_body
+from agentrl.http.asgi import ClientGone, answer, read_body
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -59,18 +60,18 @@ class HotRoutes:
         srv = self.server
         try:
             if n == 2:
-                req = srv._parse(OpenRequest, await _read(receive))
+                req = srv._parse(OpenRequest, await read_body(receive))
                 if req.reset is not None:
-                    await _answer(send, 200, _FRAME, await srv.open_and_reset(req))
+                    await answer(send, 200, _FRAME, await srv.open_and_reset(req))
                     return
                 s = await srv.open_session(req)
                 out = {"session_id": s.id, "session_token": s.token, **srv._describe(s.env)}
-                await _answer(send, 200, _JSON, _dumps(out))
+                await answer(send, 200, _JSON, _dumps(out))
             elif n == 3 and parts[2] == "close":
-                close = srv._parse(CloseRequest, await _read(receive))
-                await _answer(send, 200, _JSON, _dumps(await srv.close_many(close)))
+                close = srv._parse(CloseRequest, await read_body(receive))
+                await answer(send, 200, _JSON, _dumps(await srv.close_many(close)))
             elif n == 4 and parts[3] in ("reset", "step", "demonstration"):
-                sid, body = parts[2], await _read(receive)
+                sid, body = parts[2], await read_body(receive)
                 if parts[3] == "step":
                     step = srv._parse(StepRequest, body)
                     frame = await srv._run(
@@ -86,57 +87,30 @@ class HotRoutes:
                     frame = await srv._run(
                         sid, reset.request_id, "reset", lambda s: srv._reset(s, reset)
                     )
-                await _answer(send, 200, _FRAME, frame)
+                await answer(send, 200, _FRAME, frame)
             elif n == 5 and parts[3] == "tools" and parts[4] == "call":
-                call = srv._parse(ToolCallRequest, await _read(receive))
+                call = srv._parse(ToolCallRequest, await read_body(receive))
                 frame = await srv._run(
                     parts[2],
                     call.request_id,
                     f"tool {call.name}",
                     lambda s: srv._tool_call(s, call),
                 )
-                await _answer(send, 200, _FRAME, frame)
+                await answer(send, 200, _FRAME, frame)
             else:
                 await self.app(scope, receive, send)
         except ApiError as e:
-            await _answer(send, e.status, _JSON, _dumps(error_body(e.type, e.message)))
-        except (BodyTooLarge, _Gone):
+            await answer(send, e.status, _JSON, _dumps(error_body(e.type, e.message)))
+        except (BodyTooLarge, ClientGone):
             raise
         except Exception as e:
             logger.exception("unhandled error in a request")
             body = _dumps(error_body("internal", f"{type(e).__name__}: {e}"))
-            await _answer(send, 500, _JSON, body)
-
-
-class _Gone(Exception):
-    """The client disconnected before its body arrived."""
-
-
-async def _read(receive: Receive) -> bytes:
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise _Gone
-    body = message.get("body", b"")
-    if not message.get("more_body", False):
-        return bytes(body)
-    chunks = [body]
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Gone
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+            await answer(send, 500, _JSON, body)
 
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
-
-
-async def _answer(send: Send, status: int, ctype: bytes, body: bytes) -> None:
-    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 class _CoalescingTransport:
