@@ -1,4 +1,4 @@
-"""``benchmarks/weight_sync.py`` and ``benchmarks/sandbox.py`` end with their one-line JSON
+"""The benchmarks in ``benchmarks/`` end with their one-line JSON
 headline (keys ``benchmark, baseline, ours, ratio, goal, met``), on the smallest settings.
 No figure is checked: tests do not time things."""
 
@@ -133,3 +133,23 @@ def test_actor_start_headline_compares_the_runtime_env_with_inheritance() -> Non
     assert "runtime_env on the job and every actor" in str(head["baseline"])
     assert isinstance(head["ours"], float) and head["ours"] > 0
     assert head["met"] == (isinstance(head["ratio"], float) and head["ratio"] >= 1.5)
+
+
+@pytest.mark.slow  # a tiny model, the engine in-process, then a server: ~40 s on 2 cores
+def test_server_overhead_headline_is_the_in_process_round_over_the_http_round(
+    tmp_path: Path,
+) -> None:
+    head = _headline(
+        "server_overhead.py",
+        "--device",
+        "cpu",
+        "--rounds",
+        "1",
+        "--warmup",
+        "1",
+        "--model",
+        str(tmp_path / "model"),
+    )
+    assert str(head["baseline"]).startswith("in-process StaticRunner")
+    assert isinstance(head["ours"], float) and head["ours"] > 0
+    assert isinstance(head["ratio"], float) and head["met"] == (head["ratio"] >= 0.5)
