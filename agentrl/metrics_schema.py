@@ -30,8 +30,9 @@ rollouts, GPU generation, more nodes - adds phases and keys here, never a second
     ``named_weights`` is part of ``bytes_in``).
 
 ``driver/generate_cpu_s``
-    ``train.mode: sync`` only: CPU seconds the driver's own thread spent in the ``generate``
-    phase (prompts, tokenization, HTTP, env steps and rewards of every rollout). Near
+    ``train.mode: sync`` without rollout workers only: CPU seconds the driver's own thread
+    spent in the ``generate`` phase (prompts, tokenization, HTTP, env steps and rewards of
+    every rollout). Near
     ``timing/generate_s``, collection is bound by the driver's Python, not by the servers.
 ``inference/engine_busy_s``, ``inference/engine_prefill_s``, ``inference/engine_decode_s``,
 ``inference/prefill_forwards``, ``inference/decode_steps``

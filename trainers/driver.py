@@ -244,7 +244,8 @@ class Trainer:
         batch = TrainBatch.from_groups(groups, self.pad_id)
         metrics = {**RolloutCollector.metrics(groups), **filter_metrics}
         if self.rollouts is None and self.fleet is not None:  # sync: the phase was all rollouts
-            metrics[GENERATE_CPU_S] = cpu
+            if self.workers is None:  # rolled out by this thread, not by rollout-worker actors
+                metrics[GENERATE_CPU_S] = cpu
             metrics |= self.fleet.engine_metrics()
         if self.rollouts is not None:  # raises if a token is older than the bound
             metrics |= staleness_metrics(batch.versions, batch.loss_mask, self.version, self.bound)
