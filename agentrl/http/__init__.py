@@ -4,6 +4,7 @@
     service  structured JSON errors, body parsing, replayable request ids, rate limits,
              the bind check, a uvicorn thread
     client   ApiClient: a client per event loop, bearer token, retries of transport failures
+    asgi     raw-ASGI helpers for a server's hot routes below FastAPI (read the body, answer)
 
 The tool server, the sandbox server and the embedded inference server use it; so must any
 later server (the OpenAI gateway, the env service).
