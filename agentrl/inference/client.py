@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -61,7 +60,14 @@ from agentrl.errors import (
 from agentrl.http import bearer_headers
 from agentrl.inference.backends import Dialect, make_dialect, split_backend_url
 from agentrl.inference.backends.base import StreamAnswer, error_message
-from agentrl.inference.protocol import Completion, Cut, SamplingParams, cut_completion
+from agentrl.inference.protocol import (
+    Completion,
+    Cut,
+    SamplingParams,
+    continuation,
+    cut_completion,
+    join_completions,
+)
 from agentrl.inference.transport import TransportFailure, TransportName, make_transport
 from agentrl.inference.weights import WeightsChecksum, safetensors_buckets
 from agentrl.inference.wire import parse_weight_version
@@ -585,34 +591,3 @@ class _Retry(Exception):
 def error_text(event: dict[str, Any]) -> str:
     err = event.get("error")
     return str(err.get("message", err)) if isinstance(err, dict) else str(err)
-
-
-def continuation(sampling: SamplingParams, left: int, done: int) -> SamplingParams:
-    """The sampling of the rest of a request interrupted after ``done`` tokens: ``left`` more
-    tokens, and a seed of its own (a seeded request would otherwise draw its first random
-    numbers again)."""
-    seed = sampling.seed
-    if seed is not None:
-        digest = hashlib.blake2b(f"{seed}|{done}".encode(), digest_size=8).digest()
-        seed = int.from_bytes(digest, "little") & ((1 << 63) - 1)
-    return dataclasses.replace(sampling, max_new_tokens=left, seed=seed)
-
-
-def join_completions(first: Completion, rest: Completion) -> Completion:
-    """``first`` (interrupted) followed by ``rest``: one completion whose per-token versions
-    say which weights made each token."""
-    versions = first.output_versions or [first.weight_version] * len(first.output_ids)
-    more = rest.output_versions or [rest.weight_version] * len(rest.output_ids)
-    top = None
-    if first.output_top_logprobs is not None and rest.output_top_logprobs is not None:
-        top = first.output_top_logprobs + rest.output_top_logprobs
-    return dataclasses.replace(
-        rest,
-        output_ids=first.output_ids + rest.output_ids,
-        output_logprobs=first.output_logprobs + rest.output_logprobs,
-        output_versions=versions + more,
-        output_top_logprobs=top,
-        prompt_tokens=first.prompt_tokens,
-        cached_tokens=first.cached_tokens,
-        latency_s=first.latency_s + rest.latency_s,
-    )

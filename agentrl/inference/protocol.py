@@ -5,12 +5,14 @@
 
 The wire format is SGLang's native ``/generate`` (see ``agentrl/inference/wire.py``); this
 module holds the in-process types the rest of agentrl codes against, so nothing outside
-``agentrl/inference/`` knows which backend served a token.
+``agentrl/inference/`` knows which backend served a token, and the two functions that carry a
+request across an interrupting weight update (``continuation``, ``join_completions``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -116,4 +118,35 @@ def cut_completion(c: Completion, n: int) -> Completion:
         output_versions=c.output_versions[:n],
         output_top_logprobs=top[:n] if top is not None else None,
         finish_reason="stop",
+    )
+
+
+def continuation(sampling: SamplingParams, left: int, done: int) -> SamplingParams:
+    """The sampling of the rest of a request interrupted after ``done`` tokens: ``left`` more
+    tokens, and a seed of its own (a seeded request would otherwise draw its first random
+    numbers again)."""
+    seed = sampling.seed
+    if seed is not None:
+        digest = hashlib.blake2b(f"{seed}|{done}".encode(), digest_size=8).digest()
+        seed = int.from_bytes(digest, "little") & ((1 << 63) - 1)
+    return dataclasses.replace(sampling, max_new_tokens=left, seed=seed)
+
+
+def join_completions(first: Completion, rest: Completion) -> Completion:
+    """``first`` (interrupted) followed by ``rest``: one completion whose per-token versions
+    say which weights made each token."""
+    versions = first.output_versions or [first.weight_version] * len(first.output_ids)
+    more = rest.output_versions or [rest.weight_version] * len(rest.output_ids)
+    top = None
+    if first.output_top_logprobs is not None and rest.output_top_logprobs is not None:
+        top = first.output_top_logprobs + rest.output_top_logprobs
+    return dataclasses.replace(
+        rest,
+        output_ids=first.output_ids + rest.output_ids,
+        output_logprobs=first.output_logprobs + rest.output_logprobs,
+        output_versions=versions + more,
+        output_top_logprobs=top,
+        prompt_tokens=first.prompt_tokens,
+        cached_tokens=first.cached_tokens,
+        latency_s=first.latency_s + rest.latency_s,
     )

@@ -18,9 +18,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentrl.inference.client import InferenceClient, continuation, join_completions
+from agentrl.inference.client import InferenceClient
 from agentrl.inference.launch import ServerProcess
-from agentrl.inference.protocol import Completion, SamplingParams
+from agentrl.inference.protocol import Completion, SamplingParams, continuation, join_completions
 from tests.conftest import process_env
 from tests.inference.test_inference_server import teacher_forced, wait_running
 
