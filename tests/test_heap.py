@@ -14,7 +14,9 @@ def test_freeze_takes_live_objects_out_of_later_passes() -> None:
     keep = [[i] for i in range(20_000)]  # tracked containers, alive through the freeze
     try:
         frozen = heap.freeze()
-        assert frozen >= len(keep) and gc.get_freeze_count() == frozen
+        # a frozen object can still be freed by reference counting (by any thread of the
+        # process), so the count may fall after the freeze, never rise
+        assert len(keep) <= gc.get_freeze_count() <= frozen
         assert heap.pauses()["gc_frozen_objects"] == frozen  # counted at the freeze
         # a full pass now walks only what was made since: the frozen lists are not in it
         assert not any(o is keep[0] for o in gc.get_objects(generation=2))
