@@ -314,8 +314,9 @@ class InferenceConfig:
     python: str = ""
     """Interpreter that has vllm / sglang installed (empty: this one)."""
     extra_args: list[str] = field(default_factory=list)
-    """Engine flags passed verbatim to every vLLM / SGLang server, e.g.
-    ['--enforce-eager', '--kv-cache-memory-bytes', '268435456']."""
+    """Flags passed verbatim to every server: vLLM / SGLang engine flags, e.g.
+    ['--enforce-eager', '--kv-cache-memory-bytes', '268435456'], or the embedded server's
+    (``python -m agentrl.inference.server --help``), e.g. ['--batch-wait-ms', '0']."""
     weight_sync: str = "auto"
     """tensors | disk | ipc | vllm | distributed | auto (the backend's own, see the table
     above). distributed: the driver joins a process group with every server (SGLang's

@@ -291,6 +291,7 @@ class Fleet:
                         *("--capture-graphs", c.capture_graphs),
                         *(["--compile-pointwise"] if c.compile_pointwise else []),
                         *("--prefill-every", str(c.prefill_every)),
+                        *c.extra_args,
                     ],
                 )
             )
