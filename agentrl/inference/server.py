@@ -8,7 +8,7 @@ Run it as a real process (it binds 127.0.0.1 unless told otherwise):
     python -m agentrl.inference.server --model PATH --port 30000 [--host] [--dtype] \
         [--max-batch-size] [--seed]
 
-Endpoints: ``/generate``; ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``
+Endpoints: ``/generate`` (``generate_route.py``); ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``
 (``openai_api.py``); ``/health``, ``/health_generate``, ``/get_model_info``,
 ``/get_server_info``, ``/flush_cache``; weights (``/get_weight_version``,
 ``/update_weights_from_disk``, ``/update_weights_from_tensor``, ``/update_weights_from_ipc``,
@@ -33,37 +33,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import FastAPI, Response
-from fastapi.responses import StreamingResponse
 
 from agentrl import heap
 from agentrl.errors import ConfigError, TokenizationError
-from agentrl.http import BodyTooLarge, HttpGuard, is_loopback, json_response, parse_body
-from agentrl.http.asgi import ClientGone, read_body
+from agentrl.http import HttpGuard, is_loopback
 from agentrl.inference.protocol import DEFAULT_MAX_BATCH_SIZE
-from agentrl.inference.responses import error_response
 from agentrl.inference.runner import ModelRunner
 from agentrl.inference.runner_types import RequestParams, RunnerRequest, RunnerResult
 from agentrl.inference.static_runner import build_runner
 from agentrl.inference.wire import (
     GenerateRequest,
     WireSamplingParams,
-    error_body,
     generate_response,
 )
 from agentrl.vision import ImageInputs
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Receive, Scope, Send
+    pass
 
 logger = logging.getLogger(__name__)
 API_KEY_ENV = "AGENTRL_INFERENCE_API_KEY"
@@ -291,33 +286,6 @@ class ServerState:
         )
 
 
-async def _stream_generate(state: ServerState, job: Job, start: float) -> AsyncIterator[bytes]:
-    """SSE of one /generate request as SGLang streams it by default: each event carries the
-    output ids so far (cumulative); the last one is the whole answer, then ``[DONE]``."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[int | None] = asyncio.Queue()
-    task = asyncio.create_task(
-        state.run(job.rid, job.input_ids, job.params, queue.put_nowait, images=job.images)
-    )
-    task.add_done_callback(lambda _t: queue.put_nowait(None))
-    ids: list[int] = []
-    try:
-        while (tok := await queue.get()) is not None:
-            ids.append(tok)
-            event = {"output_ids": ids, "meta_info": {"id": job.rid, "finish_reason": None}}
-            yield b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
-        res = await task
-        if res.error:
-            body: dict[str, object] = error_body(f"engine failed: {res.error}", status=500)
-        else:
-            body = state.respond(job, res, loop.time() - start)
-        yield b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
-    finally:
-        if not task.done():  # the client went away: abort the request
-            task.cancel()
-
-
 def _resolve(fut: asyncio.Future[RunnerResult], result: RunnerResult) -> None:
     if not fut.done():
         fut.set_result(result)
@@ -336,6 +304,7 @@ def build_app(
 ) -> HttpGuard:
     """The ASGI app serving ``engine`` (which must already be started): ``guard`` (default:
     ``guard_config()``, no token) -> ``GenerateRoute`` -> the FastAPI app of the other routes."""
+    from agentrl.inference.generate_route import GenerateRoute
     from agentrl.inference.openai_api import add_openai_routes
     from agentrl.inference.server_weights import add_control_routes
 
@@ -351,62 +320,6 @@ def build_app(
     add_control_routes(app, state)
     add_openai_routes(app, state)
     return HttpGuard(GenerateRoute(app, state), config=guard or guard_config())
-
-
-async def generate(state: ServerState, body: bytes) -> Response:
-    """The answer to one ``POST /generate`` body (SGLang's JSON; a stream when it asks)."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    try:
-        req = parse_body(GenerateRequest, body)
-        jobs, single = state.plan(req)
-    except ConfigError as exc:
-        return error_response(str(exc), 400)
-    if req.stream:
-        return StreamingResponse(
-            _stream_generate(state, jobs[0], start),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
-    if len(jobs) == 1:
-        j = jobs[0]
-        results = [await state.run(j.rid, j.input_ids, j.params, images=j.images)]
-    else:
-        results = await asyncio.gather(*(state.run(j.rid, j.input_ids, j.params) for j in jobs))
-    failed = next((r.error for r in results if r.error), None)
-    if failed:
-        return error_response(f"engine failed: {failed}", 500)
-    latency = loop.time() - start
-    out = [state.respond(j, r, latency) for j, r in zip(jobs, results, strict=True)]
-    return json_response(out[0] if single else out)
-
-
-class GenerateRoute:
-    """Raw ASGI (``agentrl.http.asgi``): ``POST /generate`` without FastAPI's per-request
-    machinery; every other request goes on to the FastAPI app.
-
-    The HTTP thread shares the GIL with the engine thread, so its CPU per request is taken
-    from the engine: measured on one H100 with the GPU quickstart's requests (256 a round),
-    the HTTP thread spent 82 ms of CPU a round and the engine's prefills took 17 ms each
-    through HTTP against 4.5 ms in-process; FastAPI's routing and middleware were over half
-    of that thread's work per request (docs/guides/inference.md)."""
-
-    def __init__(self, app: ASGIApp, state: ServerState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/generate" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        try:
-            response = await generate(self.state, await read_body(receive))
-        except (BodyTooLarge, ClientGone):
-            raise  # HttpGuard answers 413; a client that left gets nothing
-        except Exception as exc:
-            logger.exception("unhandled error in /generate")
-            response = error_response(f"{type(exc).__name__}: {exc}", 500)
-        await response(scope, receive, send)
 
 
 METRICS = {

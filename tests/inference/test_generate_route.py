@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx2
 
-from agentrl.inference.server import GenerateRoute
+from agentrl.inference.generate_route import GenerateRoute
 
 BODY = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
 
