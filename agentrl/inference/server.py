@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import os
 import sys
@@ -99,6 +100,10 @@ class ServerState:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
+        # request ids for prompts that came without one: unique to this server process, and
+        # cheaper than a uuid4 per request on the HTTP thread (which the engine waits on)
+        self._rid_prefix = uuid.uuid4().hex[:12] + "-"
+        self._rids = itertools.count()
 
     async def run(
         self,
@@ -216,7 +221,11 @@ class ServerState:
         for i, ids in enumerate(prompts):
             self.check_prompt(ids)
             sp = sps[i] or WireSamplingParams()
-            rid = rids[i] or (uuid.uuid4().hex if single or req.rid is None else f"{req.rid}_{i}")
+            rid = rids[i] or (
+                f"{self._rid_prefix}{next(self._rids)}"
+                if single or req.rid is None
+                else f"{req.rid}_{i}"
+            )
             jobs.append(
                 Job(
                     rid=rid,

@@ -103,6 +103,10 @@ async def test_batch_request_returns_one_result_per_prompt(server: ServerProcess
     items = resp.json()
     assert isinstance(items, list) and len(items) == 2
     assert all(GenerateResponse.model_validate(i).meta_info.completion_tokens <= 3 for i in items)
+    # prompts sent without a rid get ids of their own, distinct across requests too
+    again = (await post(server.url, "/generate", body | {"text": "the answer is"})).json()
+    ids = [i["meta_info"]["id"] for i in items] + [again["meta_info"]["id"]]
+    assert len(set(ids)) == 3 and all(ids)
 
 
 async def test_concurrent_requests_are_batched(server: ServerProcess) -> None:
