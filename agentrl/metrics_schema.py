@@ -39,8 +39,10 @@ rollouts, GPU generation, more nodes - adds phases and keys here, never a second
     Embedded servers, summed over them: what their engines did since the previous step's
     report (``/get_server_info``): seconds the engine thread had work (prefill and decode
     forwards among it; the dynamic engine does not split its time, so it reports no
-    prefill/decode seconds) and how many prefill forwards and decode steps it ran. Against
-    ``timing/generate_s`` this says how much of generation the engines were computing.
+    prefill/decode seconds) and how many prefill forwards and decode steps it ran. In
+    ``sync``, against ``timing/generate_s`` this says how much of generation the engines were
+    computing; in the overlapped modes the work is for whichever batches were in flight, and
+    against ``timing/step_s`` it says how busy the servers were.
 
 ``async/staleness_mean``, ``async/staleness_max``, ``async/staleness_frac_<k>``
     ``train.mode`` one_step_off and async only: how many weight versions the trained policy is

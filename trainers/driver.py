@@ -243,9 +243,9 @@ class Trainer:
         self.failures.check(groups, step)
         batch = TrainBatch.from_groups(groups, self.pad_id)
         metrics = {**RolloutCollector.metrics(groups), **filter_metrics}
-        if self.rollouts is None and self.fleet is not None:  # sync: the phase was all rollouts
-            if self.workers is None:  # rolled out by this thread, not by rollout-worker actors
-                metrics[GENERATE_CPU_S] = cpu
+        if self.rollouts is None and self.workers is None and self.fleet is not None:
+            metrics[GENERATE_CPU_S] = cpu  # sync, rolled out by this thread: the phase's own CPU
+        if self.fleet is not None:  # the servers' work since the last step (overlapped: any batch)
             metrics |= self.fleet.engine_metrics()
         if self.rollouts is not None:  # raises if a token is older than the bound
             metrics |= staleness_metrics(batch.versions, batch.loss_mask, self.version, self.bound)

@@ -91,3 +91,8 @@ def test_overlapped_modes_stay_within_their_bound(
         assert r["train/weight_version"] == r["step"]
         assert r["rollout/num_trajectories"] == 4  # every group trained: none lost to an abort
         assert r["rollout/status/aborted"] == 0.0
+        assert r["inference/decode_steps"] >= 0 and r["inference/engine_busy_s"] >= 0
+    # the servers' counters are logged in every mode: the engine's work since the step before,
+    # for whichever batch (a step whose batches were all generated earlier may count none)
+    assert sum(r["inference/decode_steps"] for r in rows) >= 5  # a batch decodes at least once
+    assert sum(r["inference/engine_busy_s"] for r in rows) > 0
