@@ -15,7 +15,7 @@ same work. Two paths over the same model, each in a fresh process:
     http         ``python -m agentrl.inference.server`` and the real ``InferenceClient``
 
 Per timed round: wall time, prefill forwards and their mean time, decode steps, and (http)
-the CPU of the server's busiest threads: the engine thread and the HTTP thread share one GIL,
+the CPU of the client's process and of the server's busiest threads: the engine thread and the HTTP thread share one GIL,
 so what the HTTP thread spends is taken from the engine. The last line is the headline: the
 in-process round over the http round (1.0: serving costs nothing; goal 0.5, within 2x).
 Figures: docs/guides/inference.md, "Where that generation goes".
@@ -149,7 +149,7 @@ def over_http(args: argparse.Namespace) -> dict[str, Any]:
                 for r in range(args.warmup + args.rounds):
                     first, tools = _prompts(rng, vocab)
                     before, cpu_before = await engine(), _thread_cpu(proc)
-                    start = time.perf_counter()
+                    start, client_cpu = time.perf_counter(), time.process_time()
                     answers = await asyncio.gather(
                         *(gen(p, FIRST_NEW, i) for i, p in enumerate(first))
                     )
@@ -160,6 +160,7 @@ def over_http(args: argparse.Namespace) -> dict[str, Any]:
                         )
                     )
                     wall = time.perf_counter() - start
+                    client_cpu = time.process_time() - client_cpu
                     after, cpu_after = await engine(), _thread_cpu(proc)
                     if r >= args.warmup:
                         busiest = sorted(
@@ -172,6 +173,7 @@ def over_http(args: argparse.Namespace) -> dict[str, Any]:
                                 **{k: after[k] - before[k] for k in COUNTERS},
                                 "thread1_cpu_s": busiest[0],
                                 "thread2_cpu_s": busiest[1] if len(busiest) > 1 else 0.0,
+                                "client_cpu_s": client_cpu,
                             }
                         )
             finally:
