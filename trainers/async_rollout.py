@@ -26,6 +26,13 @@ and a resume exact in which samples are trained. Checkpoints hold no buffer: a r
 re-admits the batches that were in flight (data cursor = first untrained sample). On Ctrl-C
 the driver drains: the admitted batches finish and are trained, so the checkpoint after them
 has nothing in flight to lose.
+
+With ``algo.filter_groups`` each step owns a block of ``max_filter_rounds x batch_size``
+samples fixed ahead of time: its first round generates the block's first ``batch_size``,
+each further round the next ones, as many as groups without signal left missing. Unused
+samples of a block are never trained; the data cursor moves a whole block a step, so a
+resume is still exact (``sync`` draws replacements from the cursor instead, so a filtered
+``max_staleness=0`` run trains other samples than a filtered ``sync`` run).
 """
 
 from __future__ import annotations
@@ -36,11 +43,12 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import torch
 
-from agentrl.errors import TrainingError
+from agentrl.errors import ConfigError, TrainingError
 from agentrl.metrics_schema import (
     BUFFER_GROUPS,
     GENERATION_IDLE_S,
@@ -51,6 +59,7 @@ from agentrl.metrics_schema import (
     staleness_frac_key,
 )
 from agentrl.types import Sample, TrajectoryGroup
+from trainers.group_filter import GroupFilter
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -96,12 +105,24 @@ class AsyncRollouts:
         forget: Callable[[Sequence[str]], None],
         version: Callable[[], int],
         loop: asyncio.AbstractEventLoop,
+        filter_rounds: int | None = None,
     ) -> None:
+        """``filter_rounds``: with ``algo.filter_groups``, its ``max_filter_rounds`` (>= 1);
+        None: every generated group is trained."""
         self.mode, self.bound, self.batch_size = mode, bound, batch_size
+        if filter_rounds is not None and filter_rounds < 1:
+            raise ConfigError(
+                "algo.filter_groups in train.mode one_step_off / async needs "
+                f"algo.max_filter_rounds >= 1 (got {filter_rounds}): each step's samples are a "
+                "block of max_filter_rounds x train.batch_size, fixed ahead of time"
+            )
+        self.filter_rounds = filter_rounds
+        self.stride = batch_size * (filter_rounds or 1)
+        """Samples reserved per step: the data cursor moves by this much a trained step."""
         self.first_step, self.last_step, self.first_sample = first_step, last_step, first_sample
         self._sample, self._collect, self._forget = sample, collect, forget
         self._version, self.loop = version, loop
-        self._tasks: dict[int, asyncio.Task[list[TrajectoryGroup]]] = {}
+        self._tasks: dict[int, asyncio.Task[_Batch]] = {}
         self._next = first_step  # the next step to admit
         self._finished = 0  # groups finished, in every admitted batch not yet taken
         self._in_flight = 0  # groups admitted and not finished
@@ -127,22 +148,38 @@ class AsyncRollouts:
         """Start every batch that admission control allows now (in step order)."""
         while self.admissible(self._next):
             step, self._next = self._next, self._next + 1
-            start = self.first_sample + (step - self.first_step) * self.batch_size
-            samples = [self._sample(start + i) for i in range(self.batch_size)]
-            self._in_flight += len(samples)
-            if self._idle_since is not None:
-                self._idle_s += time.perf_counter() - self._idle_since
-                self._idle_since = None
-            task = self.loop.create_task(self._produce(samples), name=f"rollouts-step-{step}")
+            start = self.first_sample + (step - self.first_step) * self.stride
+            task = self.loop.create_task(self._produce(start), name=f"rollouts-step-{step}")
             task.add_done_callback(lambda _t: self.admit())  # one_step_off: the next batch
             self._tasks[step] = task
             logger.debug("admitted step %d at weight version %d", step, self._version())
 
-    async def _produce(self, samples: list[Sample]) -> list[TrajectoryGroup]:
-        try:
+    async def _produce(self, start: int) -> _Batch:
+        """One step's batch from its block of samples [start, start + stride): the first
+        ``batch_size``; with filtering, then as many more as the groups without signal left
+        missing, round after round (``trainers/group_filter.py``)."""
+        drawn: list[Sample] = []
+
+        async def generate(n: int) -> list[TrajectoryGroup]:
+            samples = [self._sample(start + len(drawn) + i) for i in range(n)]
+            drawn.extend(samples)
+            self._in_flight += n
+            if self._idle_since is not None:
+                self._idle_s += time.perf_counter() - self._idle_since
+                self._idle_since = None
             return await self._collect(samples, self._on_group)
+
+        try:
+            groups = await generate(self.batch_size)
+            if self.filter_rounds is None:
+                return _Batch(groups, {}, len(drawn))
+            batch = GroupFilter(target=self.batch_size, max_rounds=self.filter_rounds)
+            missing = batch.add(groups)
+            while missing:
+                missing = batch.add(await generate(missing))
+            return _Batch(*batch.result(), len(drawn))
         finally:
-            self._forget([s.uid for s in samples])
+            self._forget([s.uid for s in drawn])
 
     def _on_group(self, _group: TrajectoryGroup) -> None:
         self._finished += 1
@@ -168,7 +205,7 @@ class AsyncRollouts:
     def in_flight_groups(self) -> int:
         return self._in_flight
 
-    async def _wait(self, step: int, task: asyncio.Task[list[TrajectoryGroup]]) -> None:
+    async def _wait(self, step: int, task: asyncio.Task[_Batch]) -> None:
         """Until ``task`` is done; past the drain deadline (once drain() was called), raise."""
         while not task.done():
             deadline = self._drain_deadline
@@ -196,16 +233,17 @@ class AsyncRollouts:
         t0 = time.perf_counter()
         self.loop.run_until_complete(self._wait(step, task))  # interrupted: close() cancels
         del self._tasks[step]
-        groups = task.result()
+        batch = task.result()
         wait_s = time.perf_counter() - t0
-        self._finished -= len(groups)
+        self._finished -= batch.generated
         idle = self._idle_s + (
             time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
         )
         self._idle_s = 0.0
         if self._idle_since is not None:
             self._idle_since = time.perf_counter()
-        return groups, {
+        return batch.groups, {
+            **batch.metrics,
             BUFFER_GROUPS: float(self._finished),
             IN_FLIGHT_GROUPS: float(self._in_flight),
             TRAINER_WAIT_S: wait_s,
@@ -240,6 +278,15 @@ class AsyncRollouts:
         if pending and not self.loop.is_closed():
             self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._tasks.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """A step's trained groups, their filter metrics and how many groups were generated."""
+
+    groups: list[TrajectoryGroup]
+    metrics: dict[str, float]
+    generated: int
 
 
 class CtrlCDrain:

@@ -185,13 +185,14 @@ def _validate_mode(cfg: RunConfig) -> None:
         )
     if t.mode == "sync":
         return
-    unsupported = [
-        ("algo.filter_groups=true", cfg.algo.filter_groups),
-        ("algo.adv_estimator=remax", cfg.algo.adv_estimator == "remax"),
-    ]
-    for what, on in unsupported:
-        if on:
-            raise ConfigError(
-                f"{what} is not built for train.mode={t.mode} yet (only train.mode=sync); "
-                "see docs/guides/async.md"
-            )
+    if cfg.algo.adv_estimator == "remax":
+        raise ConfigError(
+            f"algo.adv_estimator=remax is not built for train.mode={t.mode} yet (only "
+            "train.mode=sync); see docs/guides/async.md"
+        )
+    if cfg.algo.filter_groups and cfg.algo.max_filter_rounds < 1:
+        raise ConfigError(
+            f"algo.filter_groups with train.mode={t.mode} needs algo.max_filter_rounds >= 1 "
+            f"(got {cfg.algo.max_filter_rounds}): each step's samples are a block of "
+            "max_filter_rounds x train.batch_size fixed ahead of time; try 4"
+        )

@@ -38,7 +38,6 @@ from agentrl.algos import (
     ADV_ESTIMATORS,
     AdaptiveKLController,
     AdvantageInputs,
-    DynamicSampler,
     FixedKLController,
     ISCorrectionConfig,
     apply_kl_to_reward,
@@ -46,7 +45,6 @@ from agentrl.algos import (
     rollout_is_weights,
 )
 from agentrl.algos.aggregation import masked_mean
-from agentrl.algos.filters import group_has_signal
 from agentrl.batch import TrainBatch
 from agentrl.chat import ChatTemplate
 from agentrl.config import to_dict, to_yaml
@@ -74,6 +72,7 @@ from trainers.checkpoint import (
 from trainers.config import KLConfig, RunConfig
 from trainers.eval import eval_metrics, logged_eval, write_report
 from trainers.failures import FailureGuard
+from trainers.group_filter import GroupFilter
 from trainers.plan import make_plan
 from trainers.rollout_workers import RolloutWorkerPool
 from trainers.runtime import (
@@ -305,7 +304,7 @@ class Trainer:
         """Overlapped modes: step ``step``'s groups from the producer, and its buffer metrics."""
         assert self.rollouts is not None
         groups, metrics = self.rollouts.next_batch(step)
-        self.cursor += len(groups)  # the first untrained sample: what a checkpoint resumes at
+        self.cursor += self.rollouts.stride  # the next step's first sample: where a resume starts
         self._gen_tokens += sum(t.num_generated_tokens for g in groups for t in g.trajectories)
         return groups, metrics
 
@@ -325,22 +324,17 @@ class Trainer:
             forget=self.workers.forget if self.workers else self.fleet.generator.forget,
             version=lambda: self.version,
             loop=self.fleet.loop,
+            filter_rounds=self.cfg.algo.max_filter_rounds if self.cfg.algo.filter_groups else None,
         )
 
     def collect(self) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-        """``train.batch_size`` groups; with ``algo.filter_groups`` only groups with reward signal.
-
-        When ``algo.max_filter_rounds`` rounds do not find enough groups with signal, groups
-        with identical rewards fill the batch (under GRPO they carry zero advantage, so the
-        step trains on the signal it found) and a warning says so: a hard task early in a
-        run must not end it.
-        """
-        n = self.cfg.train.batch_size
-        limit = self.cfg.algo.max_filter_rounds
-        sampler = DynamicSampler[TrajectoryGroup](target=n)
-        flat: list[TrajectoryGroup] = []  # groups dropped for identical rewards
+        """``train.batch_size`` groups; with ``algo.filter_groups`` only groups with reward
+        signal, drawn round after round from the data cursor (``trainers/group_filter.py``)."""
+        n, algo = self.cfg.train.batch_size, self.cfg.algo
+        batch = GroupFilter(target=n, max_rounds=algo.max_filter_rounds)
+        missing = n
         while True:
-            samples = [self.cfg.data.sample(self.cursor + i) for i in range(n - sampler.num_kept)]
+            samples = [self.cfg.data.sample(self.cursor + i) for i in range(missing)]
             self.cursor += len(samples)
             assert self.fleet is not None
             if self.workers is not None:
@@ -348,35 +342,11 @@ class Trainer:
             else:
                 groups = self.fleet.collect(self.collector, samples)
             self._gen_tokens += sum(t.num_generated_tokens for g in groups for t in g.trajectories)
-            if not self.cfg.algo.filter_groups:
+            if not algo.filter_groups:
                 return groups, {}
-            keep = group_has_signal([g.rewards_G for g in groups])
-            sampler.add(groups, keep)
-            flat += [g for g, k in zip(groups, keep, strict=True) if not k]
-            seen, rounds = sampler.seen, sampler.rounds
-            if sampler.full:
-                return sampler.take(), {
-                    "rollout/filter_kept_rate": n / seen,
-                    "rollout/filter_padded_groups": 0.0,
-                }
-            if limit and rounds >= limit:
-                kept = sampler.drain()
-                pad = n - len(kept)
-                logger.warning(
-                    "dynamic sampling found %d of %d groups with reward signal in %d rounds "
-                    "(algo.max_filter_rounds=%d); %d groups with identical rewards fill the "
-                    "batch. If this persists, warm up longer (sft.steps), raise "
-                    "rollout.group_size or algo.max_filter_rounds.",
-                    len(kept),
-                    n,
-                    rounds,
-                    limit,
-                    pad,
-                )
-                return kept + flat[:pad], {
-                    "rollout/filter_kept_rate": len(kept) / seen,
-                    "rollout/filter_padded_groups": float(pad),
-                }
+            missing = batch.add(groups)
+            if not missing:
+                return batch.result()
 
     def score(self, batch: TrainBatch) -> dict[str, float]:
         """Old logprobs (recomputed by the actor), reference logprobs and critic values; the

@@ -45,7 +45,6 @@ ENV = "data.envs=[{id: arith/Calculator-v0}]"
         (["train.mode=one_step_off", "train.max_staleness=2"], "is always 1"),
         (["train.mode=async"], "needs train.max_staleness"),
         (["train.mode=async", "train.max_staleness=-1"], ">= 0"),
-        (["train.mode=async", "train.max_staleness=1", "algo.filter_groups=true"], "not built"),
         (["train.mode=one_step_off", "algo.adv_estimator=remax"], "not built"),
     ],
 )
@@ -325,3 +324,83 @@ def test_overlap_counts_only_the_time_rollouts_were_in_flight() -> None:
     finally:
         rollouts.close()
         loop.close()
+
+
+# ---------------------------------------------------------------------------- filter_groups
+def _filter_run(signal: Callable[[int], bool], steps: int) -> tuple[list[Any], list[str]]:
+    """``steps`` steps of 3 groups with algo.filter_groups (max 3 rounds); each group has two
+    trajectories whose rewards differ when ``signal(sample index)``."""
+    forgotten: list[str] = []
+
+    async def collect(
+        samples: Sequence[Sample], on_group: Callable[[TrajectoryGroup], None] | None = None
+    ) -> list[TrajectoryGroup]:
+        out = []
+        for s in samples:
+            await asyncio.sleep(0)
+            trajs = [
+                Trajectory(sample=s, segments=[], reward=r)
+                for r in ((1.0, 0.0) if signal(s.seed or 0) else (1.0, 1.0))
+            ]
+            g = TrajectoryGroup(uid=s.uid, trajectories=trajs)
+            if on_group is not None:
+                on_group(g)
+            out.append(g)
+        return out
+
+    loop = asyncio.new_event_loop()
+    rollouts = AsyncRollouts(
+        mode="async",
+        bound=1,
+        batch_size=3,
+        first_step=1,
+        last_step=steps,
+        first_sample=0,
+        sample=_sample,
+        collect=collect,
+        forget=forgotten.extend,
+        version=lambda: 0,
+        loop=loop,
+        filter_rounds=3,
+    )
+    try:
+        assert rollouts.stride == 9  # a step's block: 3 rounds x 3 samples
+        taken = [rollouts.next_batch(1)]
+        for step in range(2, steps + 1):
+            loop.run_until_complete(asyncio.sleep(0))
+            rollouts.bound = step  # as if the versions kept up
+            taken.append(rollouts.next_batch(step))
+    finally:
+        rollouts.close()
+        loop.close()
+    return taken, forgotten
+
+
+def test_filter_groups_refills_each_batch_from_its_own_block() -> None:
+    taken, forgotten = _filter_run(lambda i: i % 2 == 0, steps=2)
+    (g1, m1), (g2, m2) = taken
+    # step 1: samples 0-2 (0, 2 kept), then 3 (dropped), then 4; step 2 starts at 9, not 5
+    assert [g.uid for g in g1] == ["train-0", "train-2", "train-4"]
+    assert [g.uid for g in g2] == ["train-10", "train-12", "train-14"]
+    assert m1["rollout/filter_kept_rate"] == pytest.approx(3 / 5)
+    assert m2["rollout/filter_kept_rate"] == pytest.approx(3 / 6)
+    assert m1["rollout/filter_padded_groups"] == 0.0
+    assert m1["async/buffer_groups"] >= 0  # generated-but-untrained groups are accounted for
+    assert sorted(forgotten) == sorted(f"train-{i}" for i in [*range(5), *range(9, 15)])
+
+
+def test_filter_groups_pads_with_flat_groups_after_its_rounds() -> None:
+    taken, forgotten = _filter_run(lambda i: False, steps=1)
+    ((groups, metrics),) = taken
+    assert [g.uid for g in groups] == ["train-0", "train-1", "train-2"]  # the first flat ones
+    assert metrics["rollout/filter_padded_groups"] == 3.0
+    assert metrics["rollout/filter_kept_rate"] == 0.0
+    assert len(forgotten) == 9  # three rounds of three: the whole block, and no more
+
+
+def test_filter_groups_in_overlapped_modes_needs_bounded_rounds() -> None:
+    with pytest.raises(ConfigError, match="max_filter_rounds >= 1"):
+        mode = ["train.mode=async", "train.max_staleness=1", "algo.filter_groups=true"]
+        load_run_config(None, [ENV, *mode, "algo.max_filter_rounds=0"])
+    cfg = load_run_config(None, [ENV, "train.mode=one_step_off", "algo.filter_groups=true"])
+    assert cfg.algo.filter_groups and cfg.algo.max_filter_rounds == 4
