@@ -290,14 +290,16 @@ class _Batch:
 
 
 class CtrlCDrain:
-    """Ctrl-C in the overlapped modes: the first drains, the second cancels.
+    """Ctrl-C during training: the first drains, the second cancels.
 
     ``install(rollouts)`` puts a SIGINT handler in place (main thread only; ``timeout_s`` <= 0
-    leaves Ctrl-C as it is). The first Ctrl-C stops new rollouts; the batches already
-    admitted finish within ``timeout_s`` (``train.drain_timeout_s``) and the driver trains
-    them (``admitted``, ``drained``) and then checkpoints. The second raises
-    ``KeyboardInterrupt`` at once. The handler only sets flags, so whatever the driver is
-    doing (an update, a trajectory log, a checkpoint) finishes whole.
+    leaves Ctrl-C as it is). The first Ctrl-C admits no new rollouts: in the overlapped modes
+    (``rollouts`` given) the batches already admitted finish within ``timeout_s``
+    (``train.drain_timeout_s``) and the driver trains them (``admitted``, ``drained``); in
+    ``sync`` (``rollouts`` None) the step under way finishes, its rollouts within ``timeout_s``
+    (``bounded``). Then the driver checkpoints. The second Ctrl-C raises ``KeyboardInterrupt``
+    at once. The handler only sets flags, so whatever the driver is doing (an update, a
+    trajectory log, a checkpoint) finishes whole.
     """
 
     def __init__(self, timeout_s: float) -> None:
@@ -306,8 +308,9 @@ class CtrlCDrain:
         self.drained: list[int] = []  # the steps trained while draining
         self._rollouts: AsyncRollouts | None = None
         self._previous: Any = None
+        self._deadline: float | None = None  # sync: when the step's rollouts must be done
 
-    def install(self, rollouts: AsyncRollouts) -> None:
+    def install(self, rollouts: AsyncRollouts | None) -> None:
         if self.timeout_s <= 0 or threading.current_thread() is not threading.main_thread():
             return
         self._rollouts = rollouts
@@ -323,13 +326,40 @@ class CtrlCDrain:
         """Is step ``step``'s batch admitted (so the drain trains it)?"""
         return self._rollouts is not None and step in self._rollouts.admitted()
 
+    async def bounded(self, rollouts: Awaitable[T]) -> T:
+        """``sync``: await a step's rollouts; once Ctrl-C has set the drain's deadline, past
+        it cancel them and raise ``DrainTimeout``."""
+        task = asyncio.ensure_future(rollouts)
+        try:
+            while not task.done():
+                left = None if self._deadline is None else self._deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise DrainTimeout(
+                        "the step's rollouts did not finish within train.drain_timeout_s "
+                        f"({self.timeout_s:.0f} s)"
+                    )
+                await asyncio.wait({task}, timeout=0.5 if left is None else min(left, 0.5))
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
     def _handler(self, signum: int, frame: object) -> None:
-        rollouts = self._rollouts
-        if self.interrupted or rollouts is None:
+        if self.interrupted:
             self.restore()
             logger.warning("Ctrl-C again: cancelling the in-flight rollouts")
             raise KeyboardInterrupt
         self.interrupted = True
+        rollouts = self._rollouts
+        if rollouts is None:
+            self._deadline = time.monotonic() + self.timeout_s
+            logger.warning(
+                "Ctrl-C: finishing the step under way (its rollouts get up to %.0f s, "
+                "train.drain_timeout_s), then a checkpoint; Ctrl-C again stops now",
+                self.timeout_s,
+            )
+            return
         steps = rollouts.admitted()
         rollouts.drain(self.timeout_s)
         logger.warning(

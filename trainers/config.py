@@ -261,10 +261,10 @@ class TrainConfig:
     policy any trained token may be; admission control holds back rollouts that could exceed
     it. 0 is sync."""
     drain_timeout_s: float = 300.0
-    """mode one_step_off/async: on Ctrl-C (SIGINT) no new rollout starts, and the batches
-    already admitted finish generating for at most this long and are trained (a checkpoint
-    follows); what is still in flight then is cancelled and re-admitted on resume. A second
-    Ctrl-C cancels at once; 0 cancels on the first (docs/guides/async.md)."""
+    """On Ctrl-C (SIGINT) no new rollout starts, and what is generating finishes for at most
+    this long and is trained (one_step_off/async: the admitted batches; sync: the step under
+    way); a checkpoint follows. What is still in flight then is cancelled and redone on
+    resume. A second Ctrl-C cancels at once; 0 cancels on the first (docs/guides/async.md)."""
 
 
 @dataclass(kw_only=True)

@@ -224,7 +224,7 @@ class Trainer:
             self._restore(state)
         if cfg.train.mode != "sync":
             self.rollouts = self._async_rollouts()
-            self.ctrl_c.install(self.rollouts)
+        self.ctrl_c.install(self.rollouts)
         self.metrics_log = MetricsLogger(
             cfg.logging, self.run_dir, name=cfg.name, run_config=to_dict(cfg)
         )
@@ -332,15 +332,20 @@ class Trainer:
         signal, drawn round after round from the data cursor (``trainers/group_filter.py``)."""
         n, algo = self.cfg.train.batch_size, self.cfg.algo
         batch = GroupFilter(target=n, max_rounds=algo.max_filter_rounds)
-        missing = n
+        missing, first = n, self.cursor
         while True:
             samples = [self.cfg.data.sample(self.cursor + i) for i in range(missing)]
             self.cursor += len(samples)
             assert self.fleet is not None
-            if self.workers is not None:
-                groups = self.fleet.run(self.workers.collect_ordered(samples))
-            else:
-                groups = self.fleet.collect(self.collector, samples)
+            rollouts = (self.workers or self.collector).collect_ordered(samples)
+            try:  # after a Ctrl-C, within train.drain_timeout_s
+                groups = self.fleet.run(self.ctrl_c.bounded(rollouts))
+            except DrainTimeout:
+                self.cursor = first  # nothing of this step trained: a resume redoes it
+                raise
+            finally:
+                if self.workers is None and self.fleet.generator is not None:
+                    self.fleet.generator.forget([s.uid for s in samples])
             self._gen_tokens += sum(t.num_generated_tokens for g in groups for t in g.trajectories)
             if not algo.filter_groups:
                 return groups, {}

@@ -255,3 +255,60 @@ def test_ctrl_c_drain_past_its_timeout_or_a_second_ctrl_c_cancels(
     assert ckpts == ["step_000001"]
     state = json.loads((cfg.run_dir / "checkpoints" / ckpts[0] / "trainer_state.json").read_text())
     assert state["step"] == 1 and state["data_cursor"] == batch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hang", [False, True])
+def test_sync_ctrl_c_finishes_the_step_under_way_or_cancels_it_past_the_timeout(
+    tmp_path: Path, hang: bool
+) -> None:
+    """train.mode=sync, Ctrl-C while step 2 generates: its rollouts finish (each request of
+    step 2 waits 0.5 s), step 2 trains and is checkpointed (checkpoint.every=0 would not have)
+    and the run exits 130; or they hang past train.drain_timeout_s (1 s), are cancelled, and
+    the checkpoint holds step 1 at data cursor = one batch, so a resume redoes step 2 whole."""
+    import asyncio
+
+    import ray
+
+    from agentrl.distributed import init_ray_local
+
+    batch = 2  # SMOKE's train.batch_size
+    sent: list[bool] = []
+
+    class Slow:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def generate(self, *args: Any, session_id: str | None = None, **kw: Any) -> Any:
+            if int((session_id or "train-0").rsplit("-", 1)[-1]) >= batch:
+                if not sent:  # the handler runs on this thread: it only sets the drain's flag
+                    sent.append(True)
+                    os.kill(os.getpid(), signal.SIGINT)
+                await asyncio.sleep(600 if hang else 0.5)
+            return await self.inner.generate(*args, session_id=session_id, **kw)
+
+    class Interrupted(Trainer):
+        def setup(self) -> None:
+            super().setup()
+            assert self.fleet is not None and self.fleet.generator is not None
+            self.fleet.generator.inner = Slow(self.fleet.generator.inner)
+
+    steps = ["train.steps=4", "checkpoint.every=0", "eval.num_samples=0"]
+    cfg = smoke_config(tmp_path, *steps, f"train.drain_timeout_s={1 if hang else 600}")
+    init_ray_local(num_cpus=2)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            Interrupted(cfg).run()
+    finally:
+        ray.shutdown()
+    assert time.monotonic() - t0 < 300
+    assert exit_info.value.code == 128 + signal.SIGINT
+    last = 1 if hang else 2
+    assert [r["step"] for r in read_jsonl(cfg.run_dir / "metrics.jsonl")] == list(
+        range(1, last + 1)
+    )
+    ckpts = sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir())
+    assert ckpts == [f"step_{last:06d}"]
+    state = json.loads((cfg.run_dir / "checkpoints" / ckpts[0] / "trainer_state.json").read_text())
+    assert state["step"] == last and state["data_cursor"] == last * batch
