@@ -1,6 +1,8 @@
 """The driver under failures: rollouts that fail in the machinery, filtering that runs dry, interrupts."""
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,7 +121,12 @@ def test_filtering_that_runs_out_of_rounds_pads_the_batch_and_says_so(
     calls: list[int] = []
 
     class OneSignalPerRound:
-        def collect(self, collector: object, samples: list[Sample]) -> list[TrajectoryGroup]:
+        generator = None
+
+        def run(self, rollouts: Any) -> Any:  # the Fleet's loop
+            return asyncio.run(rollouts)
+
+        async def collect_ordered(self, samples: list[Sample]) -> list[TrajectoryGroup]:
             calls.append(len(samples))
             out = []
             for i, s in enumerate(samples):
@@ -129,8 +136,7 @@ def test_filtering_that_runs_out_of_rounds_pads_the_batch_and_says_so(
             return out
 
     trainer = Trainer(cfg)
-    trainer.fleet = OneSignalPerRound()  # type: ignore[assignment]
-    trainer.collector = None  # type: ignore[assignment]
+    trainer.fleet = trainer.collector = OneSignalPerRound()  # type: ignore[assignment]
     groups, metrics = trainer.collect()
     assert calls == [4, 3]  # the second round asks only for what is missing
     assert len(groups) == 4 and metrics["rollout/filter_padded_groups"] == 2.0
