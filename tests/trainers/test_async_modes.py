@@ -68,10 +68,15 @@ INTERRUPTING = [
 ]
 
 
+FILTERED = ["algo.filter_groups=true", "algo.max_filter_rounds=2"]
+
+
 @pytest.mark.parametrize(
     ("name", "mode", "bound"),
     [
-        ("one_step_off", ["train.mode=one_step_off"], 1),
+        # with DAPO's filtering: each step's batch comes from its own block of
+        # max_filter_rounds x batch_size samples, padded when the rounds run out
+        ("one_step_off", ["train.mode=one_step_off", *FILTERED], 1),
         ("async2", ["train.mode=async", "train.max_staleness=2", *INTERRUPTING], 2),
     ],
 )
@@ -92,22 +97,13 @@ def test_overlapped_modes_stay_within_their_bound(
         assert r["rollout/num_trajectories"] == 4  # every group trained: none lost to an abort
         assert r["rollout/status/aborted"] == 0.0
         assert r["inference/decode_steps"] >= 0 and r["inference/engine_busy_s"] >= 0
+    if "algo.filter_groups=true" in mode:  # a whole batch a step, the cursor a block a step
+        batch = smoke_config(tmp_path).train.batch_size
+        for r in rows:
+            assert 0.0 <= r["rollout/filter_kept_rate"] <= 1.0
+            assert 0.0 <= r["rollout/filter_padded_groups"] <= batch
+            assert r["train/data_cursor"] == r["step"] * batch * 2
     # the servers' counters are logged in every mode: the engine's work since the step before,
     # for whichever batch (a step whose batches were all generated earlier may count none)
     assert sum(r["inference/decode_steps"] for r in rows) >= 5  # a batch decodes at least once
     assert sum(r["inference/engine_busy_s"] for r in rows) > 0
-
-
-def test_async_filter_groups_trains_whole_batches_from_fixed_blocks(tmp_path: Path) -> None:
-    """DAPO's dynamic sampling in async mode through the real servers: each step takes a whole
-    batch from its own block of max_filter_rounds x batch_size samples, padded with flat groups
-    when the rounds run out, and the data cursor moves a block a step (what a resume reads)."""
-    mode = ["train.mode=async", "train.max_staleness=1", "algo.filter_groups=true"]
-    rows = _train(tmp_path, "filtered", *mode, "algo.max_filter_rounds=2", "train.steps=2")
-    batch = smoke_config(tmp_path).train.batch_size  # groups of rollout.group_size=2
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
-        assert 0.0 <= r["rollout/filter_kept_rate"] <= 1.0
-        assert 0.0 <= r["rollout/filter_padded_groups"] <= batch
-        assert r["rollout/num_trajectories"] == batch * 2  # a whole batch, padded or not
-        assert r["train/data_cursor"] == r["step"] * batch * 2  # two rounds' block a step

@@ -258,14 +258,11 @@ def test_ctrl_c_drain_past_its_timeout_or_a_second_ctrl_c_cancels(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hang", [False, True])
-def test_sync_ctrl_c_finishes_the_step_under_way_or_cancels_it_past_the_timeout(
-    tmp_path: Path, hang: bool
-) -> None:
-    """train.mode=sync, Ctrl-C while step 2 generates: its rollouts finish (each request of
-    step 2 waits 0.5 s), step 2 trains and is checkpointed (checkpoint.every=0 would not have)
-    and the run exits 130; or they hang past train.drain_timeout_s (1 s), are cancelled, and
-    the checkpoint holds step 1 at data cursor = one batch, so a resume redoes step 2 whole."""
+def test_sync_ctrl_c_finishes_the_step_under_way(tmp_path: Path) -> None:
+    """train.mode=sync, Ctrl-C while step 2 generates (each of its requests waits 0.5 s): its
+    rollouts finish, step 2 trains and is checkpointed (checkpoint.every=0 would not have) and
+    the run exits 130. Past train.drain_timeout_s the rollouts are cancelled instead and the
+    cursor rewound: tests/trainers/test_failed_rollouts.py."""
     import asyncio
 
     import ray
@@ -284,7 +281,7 @@ def test_sync_ctrl_c_finishes_the_step_under_way_or_cancels_it_past_the_timeout(
                 if not sent:  # the handler runs on this thread: it only sets the drain's flag
                     sent.append(True)
                     os.kill(os.getpid(), signal.SIGINT)
-                await asyncio.sleep(600 if hang else 0.5)
+                await asyncio.sleep(0.5)
             return await self.inner.generate(*args, session_id=session_id, **kw)
 
     class Interrupted(Trainer):
@@ -294,21 +291,16 @@ def test_sync_ctrl_c_finishes_the_step_under_way_or_cancels_it_past_the_timeout(
             self.fleet.generator.inner = Slow(self.fleet.generator.inner)
 
     steps = ["train.steps=4", "checkpoint.every=0", "eval.num_samples=0"]
-    cfg = smoke_config(tmp_path, *steps, f"train.drain_timeout_s={1 if hang else 600}")
+    cfg = smoke_config(tmp_path, *steps, "train.drain_timeout_s=600")
     init_ray_local(num_cpus=2)
-    t0 = time.monotonic()
     try:
         with pytest.raises(SystemExit) as exit_info:
             Interrupted(cfg).run()
     finally:
         ray.shutdown()
-    assert time.monotonic() - t0 < 300
     assert exit_info.value.code == 128 + signal.SIGINT
-    last = 1 if hang else 2
-    assert [r["step"] for r in read_jsonl(cfg.run_dir / "metrics.jsonl")] == list(
-        range(1, last + 1)
-    )
+    assert [r["step"] for r in read_jsonl(cfg.run_dir / "metrics.jsonl")] == [1, 2]
     ckpts = sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir())
-    assert ckpts == [f"step_{last:06d}"]
+    assert ckpts == ["step_000002"]
     state = json.loads((cfg.run_dir / "checkpoints" / ckpts[0] / "trainer_state.json").read_text())
-    assert state["step"] == last and state["data_cursor"] == last * batch
+    assert state["step"] == 2 and state["data_cursor"] == 2 * batch

@@ -185,3 +185,42 @@ def test_worker_groups_already_started_are_shut_down_when_a_later_one_fails(
     with pytest.raises(RuntimeError, match="out of memory"):
         workers.build_roles(cfg, object(), tmp_path, num_threads=1)  # type: ignore[arg-type]
     assert started == ["actor", "ref"] and stopped == ["ref", "actor"]
+
+
+def test_sync_ctrl_c_past_the_drain_timeout_cancels_the_step_and_rewinds_the_cursor(
+    tmp_path: Path,
+) -> None:
+    """After a Ctrl-C in sync the step's rollouts get train.drain_timeout_s; past it they are
+    cancelled (DrainTimeout, which the run loop turns into a checkpoint and exit 130) and the
+    data cursor goes back to the step's first sample, so a resume redoes the step whole. The
+    path through a real run: test_driver_resume.py's test_sync_ctrl_c_finishes_the_step_under_way."""
+    import time
+
+    from trainers.async_rollout import DrainTimeout
+
+    cfg = load_run_config("recipes/quickstart.yaml", [f"output_dir={tmp_path}"])
+    cancelled: list[bool] = []
+
+    class Hangs:
+        generator = None
+
+        def run(self, rollouts: Any) -> Any:
+            return asyncio.run(rollouts)
+
+        async def collect_ordered(self, samples: list[Sample]) -> list[TrajectoryGroup]:
+            try:
+                await asyncio.sleep(600)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+            return []
+
+    trainer = Trainer(cfg)
+    trainer.fleet = trainer.collector = Hangs()  # type: ignore[assignment]
+    trainer.cursor = 40
+    trainer.ctrl_c.interrupted = True
+    trainer.ctrl_c._deadline = time.monotonic() + 0.2  # what the first Ctrl-C sets
+    with pytest.raises(DrainTimeout, match=r"train\.drain_timeout_s"):
+        trainer.collect()
+    assert cancelled == [True]
+    assert trainer.cursor == 40
