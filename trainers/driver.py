@@ -337,15 +337,13 @@ class Trainer:
             samples = [self.cfg.data.sample(self.cursor + i) for i in range(missing)]
             self.cursor += len(samples)
             assert self.fleet is not None
-            rollouts = (self.workers or self.collector).collect_ordered(samples)
             try:  # after a Ctrl-C, within train.drain_timeout_s
-                groups = self.fleet.run(self.ctrl_c.bounded(rollouts))
+                groups = self.fleet.collect(
+                    self.workers or self.collector, samples, guard=self.ctrl_c.bounded
+                )
             except DrainTimeout:
                 self.cursor = first  # nothing of this step trained: a resume redoes it
                 raise
-            finally:
-                if self.workers is None and self.fleet.generator is not None:
-                    self.fleet.generator.forget([s.uid for s in samples])
             self._gen_tokens += sum(t.num_generated_tokens for g in groups for t in g.trajectories)
             if not algo.filter_groups:
                 return groups, {}

@@ -33,7 +33,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import httpx2
 import torch
@@ -115,6 +115,12 @@ class SeededGenerator:
         done = set(uids)
         for key in [k for k in self._turns if k[0] in done]:
             del self._turns[key]
+
+
+class OrderedCollector(Protocol):
+    """What ``Fleet.collect`` runs: ``SeededCollector`` or ``RolloutWorkerPool``."""
+
+    def collect_ordered(self, samples: Sequence[Sample]) -> Awaitable[list[TrajectoryGroup]]: ...
 
 
 class SeededCollector(RolloutCollector):
@@ -367,12 +373,23 @@ class Fleet:
         return SeededCollector(config, self.generator, template, rubric=rubric)
 
     def collect(
-        self, collector: SeededCollector, samples: Sequence[Sample]
+        self,
+        collector: OrderedCollector,
+        samples: Sequence[Sample],
+        *,
+        guard: Callable[[Awaitable[list[TrajectoryGroup]]], Awaitable[list[TrajectoryGroup]]]
+        | None = None,
     ) -> list[TrajectoryGroup]:
-        groups = self.run(collector.collect_ordered(samples))
-        if self.generator is not None:  # only these: other rollouts may be in flight (async)
-            self.generator.forget([s.uid for s in samples])
-        return groups
+        """``samples``' groups in sample order, from ``collector`` (a ``SeededCollector`` on
+        this fleet or the rollout workers); ``guard`` wraps the rollouts (the sync drain's
+        deadline). The samples' seed counters are dropped however it ends, and only theirs:
+        other rollouts may be in flight (async)."""
+        rollouts = collector.collect_ordered(samples)
+        try:
+            return self.run(guard(rollouts) if guard is not None else rollouts)
+        finally:
+            if self.generator is not None:
+                self.generator.forget([s.uid for s in samples])
 
     def sync(self, named: Mapping[str, torch.Tensor], version: int, *, verify: bool) -> None:
         """Push weights to every routable server, tag them ``version``, check the checksums

@@ -3,6 +3,7 @@ run that was never interrupted. Step k+1 onwards must be the same steps."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -21,6 +22,34 @@ from agentrl.logging import read_jsonl
 from trainers.driver import Trainer
 
 STEPS = ["train.steps=3", "checkpoint.every=1", "checkpoint.keep_last=3", "eval.num_samples=0"]
+
+
+class _LateSamplesWait:
+    """The fleet's generator, but requests of samples ``first`` onwards (session ids
+    ``train-N``) wait ``delay_s`` first; ``on_first`` runs at the first of them."""
+
+    def __init__(self, inner: Any, first: int, delay_s: float, on_first: Any = None) -> None:
+        self.inner, self.first, self.delay_s, self.on_first = inner, first, delay_s, on_first
+
+    async def generate(self, *args: Any, session_id: str | None = None, **kw: Any) -> Any:
+        if int((session_id or "train-0").rsplit("-", 1)[-1]) >= self.first:
+            if self.on_first is not None:  # a signal handler runs on this thread later
+                self.on_first, on_first = None, self.on_first
+                on_first()
+            await asyncio.sleep(self.delay_s)
+        return await self.inner.generate(*args, session_id=session_id, **kw)
+
+
+def _with_late_samples_waiting(base: type[Trainer], **wait: Any) -> type[Trainer]:
+    """``base`` whose fleet generator is wrapped in ``_LateSamplesWait(**wait)``."""
+
+    class Waiting(base):  # type: ignore[valid-type,misc]
+        def setup(self) -> None:
+            super().setup()
+            assert self.fleet is not None and self.fleet.generator is not None
+            self.fleet.generator.inner = _LateSamplesWait(self.fleet.generator.inner, **wait)
+
+    return Waiting
 
 
 def _kill_run(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
@@ -202,7 +231,6 @@ def test_ctrl_c_drain_past_its_timeout_or_a_second_ctrl_c_cancels(
     checkpoint.every=0) at data cursor = one batch, and exits 130. Or, with a 600 s timeout, a
     second Ctrl-C 2 s later cancels at once (KeyboardInterrupt; the last checkpoint stays the
     last periodic one: none here)."""
-    import asyncio
     import threading
 
     import ray
@@ -211,21 +239,10 @@ def test_ctrl_c_drain_past_its_timeout_or_a_second_ctrl_c_cancels(
 
     batch = 2  # SMOKE's train.batch_size
 
-    class Hang:
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
+    # step 2 onwards: still generating at the Ctrl-C
+    hanging = _with_late_samples_waiting(Trainer, first=batch, delay_s=600)
 
-        async def generate(self, *args: Any, session_id: str | None = None, **kw: Any) -> Any:
-            if int((session_id or "train-0").rsplit("-", 1)[-1]) >= batch:
-                await asyncio.sleep(600)  # step 2 onwards: still generating at the Ctrl-C
-            return await self.inner.generate(*args, session_id=session_id, **kw)
-
-    class Interrupted(Trainer):
-        def setup(self) -> None:
-            super().setup()
-            assert self.fleet is not None and self.fleet.generator is not None
-            self.fleet.generator.inner = Hang(self.fleet.generator.inner)
-
+    class Interrupted(hanging):  # type: ignore[valid-type,misc]
         def step(self) -> dict[str, float]:
             out = super().step()
             os.kill(os.getpid(), signal.SIGINT)  # the handler only sets the drain's flag
@@ -263,32 +280,14 @@ def test_sync_ctrl_c_finishes_the_step_under_way(tmp_path: Path) -> None:
     rollouts finish, step 2 trains and is checkpointed (checkpoint.every=0 would not have) and
     the run exits 130. Past train.drain_timeout_s the rollouts are cancelled instead and the
     cursor rewound: tests/trainers/test_failed_rollouts.py."""
-    import asyncio
 
     import ray
 
     from agentrl.distributed import init_ray_local
 
     batch = 2  # SMOKE's train.batch_size
-    sent: list[bool] = []
-
-    class Slow:
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        async def generate(self, *args: Any, session_id: str | None = None, **kw: Any) -> Any:
-            if int((session_id or "train-0").rsplit("-", 1)[-1]) >= batch:
-                if not sent:  # the handler runs on this thread: it only sets the drain's flag
-                    sent.append(True)
-                    os.kill(os.getpid(), signal.SIGINT)
-                await asyncio.sleep(0.5)
-            return await self.inner.generate(*args, session_id=session_id, **kw)
-
-    class Interrupted(Trainer):
-        def setup(self) -> None:
-            super().setup()
-            assert self.fleet is not None and self.fleet.generator is not None
-            self.fleet.generator.inner = Slow(self.fleet.generator.inner)
+    ctrl_c = lambda: os.kill(os.getpid(), signal.SIGINT)  # noqa: E731 (sets the drain's flag)
+    Interrupted = _with_late_samples_waiting(Trainer, first=batch, delay_s=0.5, on_first=ctrl_c)
 
     steps = ["train.steps=4", "checkpoint.every=0", "eval.num_samples=0"]
     cfg = smoke_config(tmp_path, *steps, "train.drain_timeout_s=600")

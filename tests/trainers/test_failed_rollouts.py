@@ -11,6 +11,7 @@ from agentrl.types import RolloutStatus, Sample, Trajectory, TrajectoryGroup
 from trainers.checkpoint import TrainerState
 from trainers.config import load_run_config
 from trainers.driver import Trainer
+from trainers.serving import Fleet
 
 
 def _groups(status: RolloutStatus, error: str | None = None) -> list[TrajectoryGroup]:
@@ -122,6 +123,7 @@ def test_filtering_that_runs_out_of_rounds_pads_the_batch_and_says_so(
 
     class OneSignalPerRound:
         generator = None
+        collect = Fleet.collect  # the real one, over this loop and collector
 
         def run(self, rollouts: Any) -> Any:  # the Fleet's loop
             return asyncio.run(rollouts)
@@ -203,6 +205,7 @@ def test_sync_ctrl_c_past_the_drain_timeout_cancels_the_step_and_rewinds_the_cur
 
     class Hangs:
         generator = None
+        collect = Fleet.collect
 
         def run(self, rollouts: Any) -> Any:
             return asyncio.run(rollouts)
