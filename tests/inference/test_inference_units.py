@@ -131,6 +131,10 @@ def test_wire_helpers() -> None:
     )
     sp = WireSamplingParams(frequency_penalty=0.5, stop="x")
     assert sp.unsupported() == ["frequency_penalty"] and sp.stop_strings() == ("x",)
+    # only what the request set, in the declared order; an "off" value sent explicitly is fine
+    parsed = WireSamplingParams.model_validate_json('{"n": 2, "min_p": 0.1, "logit_bias": null}')
+    assert parsed.unsupported() == ["min_p", "n"]
+    assert WireSamplingParams(min_p=0.0, repetition_penalty=1.0).unsupported() == []
 
 
 def test_chat_replies_split_tool_calls_with_the_shared_parser() -> None:
@@ -197,3 +201,34 @@ def test_chat_requests_are_validated_with_openai_errors() -> None:
         with pytest.raises(OpenAIError) as e:
             parse_chat_request(raw)
         assert e.value.status == 400 and e.value.body()["error"]["param"] == param
+
+
+def test_the_server_decodes_through_the_rust_tokenizer_only_where_it_gives_the_same_text() -> None:
+    import random
+
+    from agentrl.inference.server import text_decoder
+    from agentrl.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    decode = text_decoder(tok)
+    assert decode.__name__ == "fast"
+    rng = random.Random(0)
+    for _ in range(50):  # random ids: special tokens, markers and broken UTF-8 included
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))]
+        for skip in (True, False):
+            assert decode(ids, skip) == tok.decode(ids, skip_special_tokens=skip)
+
+    class WrapperDiffers:  # an HF wrapper that post-processes what its Rust object decodes
+        _tokenizer = tok._tokenizer
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(tok, name)
+
+        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+            return tok.decode(ids, skip_special_tokens=skip_special_tokens).replace(" ,", ",")
+
+    wrapper = WrapperDiffers()
+    cleaned = text_decoder(wrapper)
+    assert cleaned.__name__ == "slow"
+    ids = tok.encode("a , b")
+    assert cleaned(ids, True) == wrapper.decode(ids, skip_special_tokens=True) == "a, b"
