@@ -3,7 +3,8 @@
 ``swe/Repo-v0`` (``SWEEnv.ademonstration``) turns the gold patch into the tool calls a model
 should make. A small model copies short strings better than long ones, so the curriculum
 options shorten them: ``demo_edit="line"`` replaces only the changed line, and
-``demo_edit="sed"`` runs one ``sed -i '<line><expression>' <path>`` per changed line, with an
+``demo_edit="sed"`` runs one ``sed -i '<line><expression>' <path>`` per changed line
+(``"sed_listed"``: the same, its location first as ``git grep -n`` lists it), with an
 expression that undoes the task's mutation family (``recipes/swe.yaml``: ``s/not (\\(.*\\))/\\1/``
 for negated conditions), so the model copies a path and a line number.
 """
@@ -27,8 +28,15 @@ class SedFix:
     fixed: str
     """The line as the gold patch leaves it, indentation included."""
 
-    def command(self, expression: str) -> str:
-        return f"sed -i '{self.line}{expression}' {shlex.quote(self.path)}"
+    def command(self, expression: str, *, listed: bool = False) -> str:
+        """``sed -i '<line><expression>' <path>``; ``listed``: the location first, written as
+        ``git grep -n`` lists it, ``f=<path>:<line>; sed -i "${f##*:}"'<expression>' "${f%:*}"``,
+        so a model copies one listing line left to right instead of a number and then the
+        path that came before it."""
+        if not listed:
+            return f"sed -i '{self.line}{expression}' {shlex.quote(self.path)}"
+        where = shlex.quote(f"{self.path}:{self.line}")
+        return f'f={where}; sed -i "${{f##*:}}"\'{expression}\' "${{f%:*}}"'
 
 
 def sed_fixes(patch: str) -> list[SedFix] | None:

@@ -55,7 +55,7 @@ from envs.swe.task import SWETask, load_tasks
 
 logger = logging.getLogger(__name__)
 Mode = Literal["tools", "bash"]
-DemoEdit = Literal["hunk", "line", "sed"]
+DemoEdit = Literal["hunk", "line", "sed", "sed_listed"]
 FIXED_DATE = "2026-01-01T00:00:00Z"
 _GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "agentrl",
@@ -176,7 +176,8 @@ class SWEEnv(Env):
           the workspace, where that text is unique in the file (else the hunk); ``"sed"``: one
           ``sed -i '<line><demo_sed>' <path>`` per changed line, where that gives the gold line
           (else as ``"line"``), so the model copies a path and a line number
-          (``envs.swe.demo``).
+          (``envs.swe.demo``); ``"sed_listed"``: the same with the location first, as
+          ``f=<path>:<line>; sed -i ...``, one ``git grep -n`` listing line copied in order.
         - ``demo_sed``: the sed command of ``demo_edit="sed"``, e.g. ``s/not (\\(.*\\))/\\1/``
           to undo a negated condition.
         - ``grade_empty_patch``: False scores an empty diff 0 without grading it (a task's base
@@ -188,15 +189,17 @@ class SWEEnv(Env):
         """
         if mode not in ("tools", "bash"):
             raise ConfigError(f"swe/Repo-v0: mode must be 'tools' or 'bash', got {mode!r}")
-        if demo_edit not in ("hunk", "line", "sed"):
+        if demo_edit not in ("hunk", "line", "sed", "sed_listed"):
             raise ConfigError(
-                f"swe/Repo-v0: demo_edit must be 'hunk', 'line' or 'sed', got {demo_edit!r}"
+                "swe/Repo-v0: demo_edit must be 'hunk', 'line', 'sed' or 'sed_listed', "
+                f"got {demo_edit!r}"
             )
-        if (demo_edit == "sed") != bool(demo_sed) or "'" in demo_sed or "\n" in demo_sed:
+        sed = demo_edit in ("sed", "sed_listed")
+        if sed != bool(demo_sed) or "'" in demo_sed or "\n" in demo_sed:
             raise ConfigError(
-                "swe/Repo-v0: demo_edit='sed' needs demo_sed= (a sed command without single "
-                "quotes or newlines, e.g. 's/not (\\(.*\\))/\\1/'), and demo_sed is only for "
-                f"demo_edit='sed'; got demo_edit={demo_edit!r}, demo_sed={demo_sed!r}"
+                "swe/Repo-v0: demo_edit='sed' (or 'sed_listed') needs demo_sed= (a sed command "
+                "without single quotes or newlines, e.g. 's/not (\\(.*\\))/\\1/'), and "
+                f"demo_sed is only for those; got demo_edit={demo_edit!r}, demo_sed={demo_sed!r}"
             )
         if max_issue_chars < 0:
             raise ConfigError(f"swe/Repo-v0: max_issue_chars must be >= 0, got {max_issue_chars}")
@@ -438,11 +441,12 @@ class SWEEnv(Env):
     async def _sed_commands(self, sb: Sandbox, task: SWETask) -> list[str] | None:
         """``demo_edit="sed"``: the fix as sed commands, or None (a warning) where the gold
         patch is not one changed line per hunk or ``demo_sed`` does not give the gold line."""
-        if self.demo_edit != "sed":
+        if self.demo_edit not in ("sed", "sed_listed"):
             return None
         fixes = sed_fixes(task.patch)
         if fixes and all([await sed_gives_the_fix(sb, f, self.demo_sed) for f in fixes]):
-            return [f.command(self.demo_sed) for f in fixes]
+            listed = self.demo_edit == "sed_listed"
+            return [f.command(self.demo_sed, listed=listed) for f in fixes]
         logger.warning(
             "%s: demo_sed %r does not give the gold patch's lines; its demonstration edits "
             "with the editor instead (git apply where the editor is not offered)",

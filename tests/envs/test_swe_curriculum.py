@@ -64,8 +64,9 @@ def test_prompt_options_shorten_what_the_model_reads() -> None:
     [
         ({"tool_names": ["bash"]}, "submit included"),
         ({"tool_names": ["bash", "submit", "grep"]}, "unknown: \\['grep'\\]"),
-        ({"demo_edit": "lines"}, "demo_edit must be 'hunk', 'line' or 'sed'"),
-        ({"demo_edit": "sed"}, "demo_edit='sed' needs demo_sed="),
+        ({"demo_edit": "lines"}, "demo_edit must be 'hunk', 'line', 'sed' or 'sed_listed'"),
+        ({"demo_edit": "sed"}, "demo_edit='sed' \\(or 'sed_listed'\\) needs demo_sed="),
+        ({"demo_edit": "sed_listed"}, "needs demo_sed="),
         ({"demo_sed": "s/a/b/"}, "demo_sed is only for"),
         ({"demo_edit": "sed", "demo_sed": "s/'/b/"}, "without single"),
         ({"max_issue_chars": -1}, "max_issue_chars must be >= 0"),
@@ -125,3 +126,23 @@ def test_a_sed_demonstration_names_the_changed_line_and_its_gold_text() -> None:
     assert sed_fixes(two_lines.replace("@@ -1,4", "@@ -1,5")) is None
     later = PATCH.replace("@@ -1,4 +1,4 @@", "@@ -40,4 +40,4 @@")
     assert [f.line for f in sed_fixes(later) or []] == [41]
+
+
+def test_a_listed_sed_demonstration_fixes_the_line_it_copied_from_the_listing(
+    tmp_path: Path,
+) -> None:
+    """demo_edit="sed_listed": the command starts with the location as `git grep -n` lists
+    it (path:line, copied left to right) and bash splits it; run for real, it fixes the
+    line, and only that line."""
+    import subprocess
+
+    [fix] = sed_fixes(PATCH) or []
+    expression = "s/not (\\(.*\\))/\\1/"
+    command = fix.command(expression, listed=True)
+    assert command.startswith("f=pkg/mod.py:2; sed -i ")
+    (tmp_path / "pkg").mkdir()
+    src = "def f(x):\n    if not (x):\n        return 1\n    if not (x):\n"
+    (tmp_path / "pkg" / "mod.py").write_text(src)
+    subprocess.run(["bash", "-c", command], cwd=tmp_path, check=True)
+    fixed = (tmp_path / "pkg" / "mod.py").read_text().splitlines()
+    assert fixed[1] == fix.fixed and fixed[3] == "    if not (x):"
