@@ -80,13 +80,8 @@ class WireSamplingParams(BaseModel):
     logit_bias: dict[str, float] | None = None
 
     def unsupported(self) -> list[str]:
-        """Names of fields set to a value the embedded server cannot honour. Only the fields
-        the request set are compared (a field left out is at its default): this runs for every
-        request on the server's HTTP thread, which shares the GIL with the engine."""
-        given = self.model_fields_set
-        return [
-            k for k, off in UNSUPPORTED_AT_DEFAULT.items() if k in given and getattr(self, k) != off
-        ]
+        """Names of fields set to a value the embedded server cannot honour."""
+        return [k for k, off in UNSUPPORTED_AT_DEFAULT.items() if getattr(self, k) != off]
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
