@@ -19,6 +19,7 @@ import pytest
 from test_driver import RECIPE, SMOKE, deterministic, smoke_config
 
 from agentrl.logging import read_jsonl
+from trainers.config import RunConfig
 from trainers.driver import Trainer
 
 STEPS = ["train.steps=3", "checkpoint.every=1", "checkpoint.keep_last=3", "eval.num_samples=0"]
@@ -128,6 +129,16 @@ def _trained_samples(run_dir: Path) -> dict[int, list[str]]:
     return out
 
 
+def _data_order(cfg: RunConfig, steps: int) -> dict[int, list[str]]:
+    """What a sync run trains at each step, as _trained_samples lists it: the next
+    train.batch_size samples of the data stream (uids train-N), once per group member."""
+    b, g = cfg.train.batch_size, cfg.rollout.group_size
+    return {
+        k: sorted(cfg.data.sample(i).uid for i in range((k - 1) * b, k * b) for _ in range(g))
+        for k in range(1, steps + 1)
+    }
+
+
 @pytest.mark.slow
 def test_async_run_killed_with_batches_in_flight_trains_every_sample_once(
     tmp_path: Path,
@@ -135,7 +146,8 @@ def test_async_run_killed_with_batches_in_flight_trains_every_sample_once(
     """train.mode=async keeps no buffer in its checkpoints: a SIGKILL after checkpoint 1, with
     the batches of steps 2 and 3 already generating, loses them; the resumed run re-admits them
     from the data cursor. Each step then trains exactly the samples an uninterrupted sync run
-    trains at that step (none twice, none skipped), within the staleness bound."""
+    trains at that step, the next batch of the data stream (none twice, none skipped), within
+    the staleness bound."""
     import ray
 
     from agentrl.distributed import init_ray_local
@@ -143,19 +155,18 @@ def test_async_run_killed_with_batches_in_flight_trains_every_sample_once(
     logged = "trajectories.per_step=64"
     mode = ["train.mode=async", "train.max_staleness=2", logged]
     killed_dir = _train_until_killed(tmp_path, "killed", *mode)
+    cfg = smoke_config(tmp_path, *STEPS, *mode, "name=killed")
     init_ray_local(num_cpus=2)
     try:
-        Trainer(smoke_config(tmp_path, *STEPS, *mode, "name=killed"), resume=True).run()
-        Trainer(smoke_config(tmp_path, *STEPS, logged, "name=straight")).run()
+        Trainer(cfg, resume=True).run()
     finally:
         ray.shutdown()
 
     rows = read_jsonl(killed_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["async/staleness_max"] <= 2 for r in rows)
-    trained, straight = _trained_samples(killed_dir), _trained_samples(tmp_path / "straight")
-    assert sorted(trained) == [1, 2, 3]
-    assert trained == straight
+    trained = _trained_samples(killed_dir)
+    assert trained == _data_order(cfg, 3)
     uids = [set(step) for step in trained.values()]
     assert sum(len(u) for u in uids) == len(set().union(*uids))  # no sample in two steps
 
@@ -168,7 +179,8 @@ def test_async_run_interrupted_by_ctrl_c_drains_then_resumes_every_sample_once(
     batch generates: no new batch is admitted, the admitted ones finish and are trained, a
     checkpoint of the last of them is written (checkpoint.every=0 would not have), and the run
     exits 130 with a message. Every trajectory log line is whole; the resumed run then trains,
-    step by step, exactly the samples an uninterrupted sync run trains."""
+    step by step, exactly the samples an uninterrupted sync run trains (the data stream's
+    next batch)."""
     import ray
 
     from agentrl.distributed import init_ray_local
@@ -205,18 +217,17 @@ def test_async_run_interrupted_by_ctrl_c_drains_then_resumes_every_sample_once(
     for path in (run_dir / "trajectories").glob("*.jsonl"):  # every line whole JSON
         assert all(json.loads(line) for line in path.read_text().splitlines())
 
+    cfg = smoke_config(tmp_path, *steps, *mode, "name=interrupted")
     init_ray_local(num_cpus=2)
     try:
-        Trainer(smoke_config(tmp_path, *steps, *mode, "name=interrupted"), resume=True).run()
-        Trainer(smoke_config(tmp_path, *steps, logged, "name=straight")).run()
+        Trainer(cfg, resume=True).run()
     finally:
         ray.shutdown()
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert all(r["async/staleness_max"] <= 1 for r in rows)
-    trained, straight = _trained_samples(run_dir), _trained_samples(tmp_path / "straight")
-    assert sorted(trained) == [1, 2, 3, 4, 5]
-    assert trained == straight
+    trained = _trained_samples(run_dir)
+    assert trained == _data_order(cfg, 5)
     uids = [set(step) for step in trained.values()]
     assert sum(len(u) for u in uids) == len(set().union(*uids))  # no sample in two steps
 
