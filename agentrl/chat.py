@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import TokenizationError
+from agentrl.rust_tokenizer import rust_backend
 from agentrl.types import JSON, Message, ToolCall
 from agentrl.vision import Vision, has_images
 from agentrl.vision import image_urls as _image_urls
@@ -119,8 +120,8 @@ class ChatTemplate:
         self._cache_size = cache_size
         self._fast_ok: dict[tuple[Any, ...], bool] = {}
         self._probe_base: str | None = None
-        self._backend: Any = None
-        self._backend = self._fast_backend()
+        # the Rust tokenizer where it gives the wrapper's ids and text (skips per-call overhead)
+        self._backend: Any = rust_backend(tokenizer, clean_up=False)
         self._probe_structure()
 
     @classmethod
@@ -175,32 +176,6 @@ class ChatTemplate:
                 list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
             )
         )
-
-    def _fast_backend(self) -> Any:
-        """The Rust ``tokenizers`` object behind a fast HF tokenizer, if it gives the same ids
-        and text as the HF wrapper on a probe (it skips the wrapper's per-call overhead)."""
-        backend = getattr(self.tokenizer, "_tokenizer", None)
-        if backend is None or not hasattr(backend, "encode"):
-            return None
-        probe = self.render_text(
-            [
-                Message(role="user", content="Probe: 12 * 7 = 84 ünïcode 🙂"),
-                Message(role="assistant", content="ok"),
-            ],
-            add_generation_prompt=False,
-        )
-        try:
-            ids = list(self.tokenizer.encode(probe, add_special_tokens=False))
-            text = self.tokenizer.decode(
-                ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
-            same = (
-                list(backend.encode(probe, add_special_tokens=False).ids) == ids
-                and backend.decode(ids, skip_special_tokens=False) == text
-            )
-        except Exception:
-            return None
-        return backend if same else None
 
     def render(
         self,

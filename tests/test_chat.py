@@ -155,3 +155,38 @@ def test_template_that_rejects_system_messages_is_still_probed(tokenizer) -> Non
     with pytest.raises(Exception, match="System role"):
         ct.render_text([system("s"), user("u")])
     assert ct.is_prefix_preserving()
+
+
+def test_the_rust_tokenizer_is_used_only_where_it_matches_the_wrapper(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    import random
+
+    from agentrl.rust_tokenizer import rust_backend
+
+    assert rust_backend(tokenizer, clean_up=False) is tokenizer._tokenizer
+    fast = ChatTemplate(tokenizer)
+    rng = random.Random(0)
+    alphabet = "ab zé🙂,.\n<>|_0123456789"
+    for _ in range(50):  # random text and ids: the fast path gives the wrapper's answers
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 30)))
+        assert fast.encode(text) == list(tokenizer.encode(text, add_special_tokens=False))
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 30))]
+        expected = tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        assert fast.decode(ids) == expected
+
+    class EncodesDifferently:  # an HF wrapper that changes the text before its Rust object
+        _tokenizer = tokenizer._tokenizer
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(tokenizer, name)
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            return list(
+                tokenizer.encode(text.replace("  ", " "), add_special_tokens=add_special_tokens)
+            )
+
+    wrapper = EncodesDifferently()
+    assert rust_backend(wrapper, clean_up=False) is None
+    assert ChatTemplate(wrapper).encode("a  b") == wrapper.encode("a  b", add_special_tokens=False)
+    assert rust_backend(object()) is None  # a slow (pure Python) tokenizer has no Rust object

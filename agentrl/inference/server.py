@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -57,6 +56,7 @@ from agentrl.inference.wire import (
     WireSamplingParams,
     generate_response,
 )
+from agentrl.rust_tokenizer import rust_backend
 from agentrl.vision import ImageInputs
 
 if TYPE_CHECKING:
@@ -96,36 +96,20 @@ class Job:
 
 def text_decoder(tokenizer: Any) -> Callable[[list[int], bool], str]:
     """``decode(ids, skip_special_tokens)`` as ``tokenizer.decode`` gives it, through the Rust
-    ``tokenizers`` object behind a fast HF tokenizer when a probe shows the same text both ways:
-    the HF wrapper's per-call conversions run on the HTTP thread, which shares the GIL with the
-    engine, once per request."""
+    tokenizer where it gives the same text (``agentrl.rust_tokenizer``): it runs on the HTTP
+    thread, which shares the GIL with the engine, once per request."""
+    backend = rust_backend(tokenizer)
 
     def slow(ids: list[int], skip: bool) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=skip))
 
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or not hasattr(backend, "decode"):
-        return slow
-    try:
-        ids = _probe_ids(tokenizer)
-        if any(backend.decode(ids, skip_special_tokens=k) != slow(ids, k) for k in (True, False)):
-            return slow
-    except Exception:
+    if backend is None:
         return slow
 
     def fast(ids: list[int], skip: bool) -> str:
         return str(backend.decode(ids, skip_special_tokens=skip))
 
     return fast
-
-
-def _probe_ids(tokenizer: Any) -> list[int]:
-    """Ids with special tokens (chat markers, EOS), non-ASCII text and odd spacing."""
-    text = "Probe: 12 * 7 = 84 ünïcode 🙂  two  spaces ,"
-    with contextlib.suppress(Exception):  # no chat template: the plain text
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False)
-    ids = [*tokenizer.encode(text, add_special_tokens=True), tokenizer.eos_token_id]
-    return [i for i in ids if isinstance(i, int)]
 
 
 class ServerState:
