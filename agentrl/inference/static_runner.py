@@ -11,8 +11,9 @@ The cache is ``SlotCache`` (``decoder.py``): ``(layers, slots, kv_heads, max_len
 allocated once from ``kv_cache_gb`` and ``max_seq_len``. A request holds one slot from its
 prefill to its last token; rows join and leave without any tensor being re-padded or
 concatenated, so a decode step has the same shapes whatever the traffic and replays as a
-CUDA graph, one per (batch-size bucket, attended-length bucket): all captured at start with
-``capture_graphs`` eager (``capture_all``, before the server answers), else on first use.
+CUDA graph, one per (batch-size bucket, attended-length bucket) (``decode_graphs.py``): all
+captured at start with ``capture_graphs`` eager (``capture_all``, before the server answers),
+else on first use.
 Requests beyond the free slots wait in the queue (never fail); a prompt that does not fit a
 slot is refused by the server (``max_context`` is the slot length).
 
@@ -36,13 +37,8 @@ from typing import Any
 import torch
 
 from agentrl.errors import ConfigError
-from agentrl.inference.buckets import (
-    CAPTURE_MODES,
-    bucket_steps,
-    cache_shape,
-    decode_buckets,
-    graph_key,
-)
+from agentrl.inference.buckets import CAPTURE_MODES, cache_shape
+from agentrl.inference.decode_graphs import DecodeGraphs
 from agentrl.inference.decoder import Decoder, SlotCache, check_supported
 from agentrl.inference.device_sampling import sample_on_device
 from agentrl.inference.prefix_pool import PrefixPool, common_prefix
@@ -82,7 +78,6 @@ class StaticRunner(ModelRunner):
         self._filtering = False  # some running row filters (top-k/top-p)
         self._decode_s = 0.0  # wall time in decode steps (graph or forward, sampling, host)
         self._prefill_s = 0.0  # wall time in prefills
-        self._capture_s = 0.0  # wall time capturing graphs (inside decode steps)
         self._dirty = True  # the device copies above are stale: rebuild before the next step
         self._pending: _InFlight | None = None  # the graph step launched, not read yet
         cuda = self.device.type == "cuda"
@@ -95,11 +90,6 @@ class StaticRunner(ModelRunner):
             for _ in range(2)
         ]
         self._flip = 0
-        self._graphs: dict[tuple[int, int, bool], tuple[Any, Any]] = {}
-        self._graph_pool: Any = None
-        self._side: Any = None  # the stream captures warm up on
-        self._warmup_s = 0.0  # wall time of the captures' eager warm-up steps
-        self._weight_ptrs = self._param_ptrs()
         self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"
         self.overlap = self.use_graphs
         """Launch each decode step before reading the one before it (``_decode_ahead``): on
@@ -113,9 +103,15 @@ class StaticRunner(ModelRunner):
             prompt_tokens=0,
             pool_hit_tokens=0,
         )
-        self._start_s = 0.0  # wall time of ``capture_all`` at start (graphs and prefill warm-up)
-        self._start_graphs = 0
-        self._graph_mb = 0.0  # device memory the start's graphs hold
+        self.graphs = DecodeGraphs(
+            self._step,
+            state=(self._tok, self._pos, self._draw),
+            slots=slots,
+            max_len=max_len,
+            device=self.device,
+            stats=self.stats,
+        )
+        self._weight_ptrs = self._param_ptrs()
         if cfg.capture_graphs not in CAPTURE_MODES:
             raise ConfigError(
                 f"capture_graphs must be one of {', '.join(CAPTURE_MODES)}, "
@@ -154,18 +150,14 @@ class StaticRunner(ModelRunner):
             decode_ms_per_step=1e3 * self._decode_s / max(self.stats["decode_steps"], 1),
             decode_s=self._decode_s,
             prefill_s=self._prefill_s,
-            capture_s=self._capture_s,
-            graphs_at_start=self._start_graphs,
-            capture_at_start_s=self._start_s,
-            capture_warmup_s=self._warmup_s,
-            graph_memory_mb=self._graph_mb,
+            **(self.graphs.info()),
         )
         return out
 
     def set_weight_version(self, version: int | None) -> int:
         if self._param_ptrs() != self._weight_ptrs:  # parameters were replaced, not copied into
             self.decoder.fuse()
-            self._graphs.clear()
+            self.graphs.clear()
             self._weight_ptrs = self._param_ptrs()
         version = super().set_weight_version(version)
         self.weights_changed()  # KV made by older weights is never reused
@@ -335,7 +327,7 @@ class StaticRunner(ModelRunner):
         b = len(self.slots)
         key_len = max(self.lens) + 1
         if self.use_graphs:
-            tokens, logprobs, logp = self._replay(b, key_len)
+            tokens, logprobs, logp = self.graphs.replay(b, key_len, self._filtering)
         else:
             tokens, logprobs, logp = self._step(b, key_len, self._filtering)
         self._count_forward(b, "decode_steps")
@@ -406,71 +398,19 @@ class StaticRunner(ModelRunner):
         self._draw[:rows] += 1
         return tokens, logprobs, logp
 
-    def _replay(self, b: int, key_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The decode step from the CUDA graph of its buckets (captured on first use unless
-        ``capture_all`` captured it at start)."""
-        key = (*graph_key(b, key_len, self.cache.slots, self.cache.max_len), self._filtering)
-        entry = self._graphs.get(key)
-        if entry is None:
-            start = time.perf_counter()
-            entry = self._capture(*key)
-            self._graphs[key] = entry
-            self._capture_s += time.perf_counter() - start
-        graph, out = entry
-        graph.replay()
-        return out
-
     @torch.inference_mode()
     def capture_all(self, filtering: bool = False) -> int:
-        """Capture the decode step of every bucket ``_replay`` can ask for (``decode_buckets``;
-        with ``filtering`` also their top-k/top-p variants) and run one prefill on each device
+        """Capture the decode step of every bucket a decode step can ask for (with
+        ``filtering`` also their top-k/top-p variants) and run one prefill on each device
         kernel path, before the engine starts: a server's first requests then meet no capture
         (100-300 ms each on an H200 when met mid-traffic). A no-op without CUDA graphs (CPU).
         Returns the number of graphs captured."""
         if not self.use_graphs or self.slots:
             return 0
-        start = time.perf_counter()
-        before = torch.cuda.memory_allocated(self.device)
-        self._warm_prefill()
-        keys = [
-            (r, k, f)
-            for f in ((False, True) if filtering else (False,))
-            for r, k in decode_buckets(self.cache.slots, self.cache.max_len)
-        ]
-        todo = [key for key in keys if key not in self._graphs]
-        logger.info(
-            "capturing %d decode graphs (%d row buckets up to %d, %d length buckets up to %d%s)",
-            len(todo),
-            len(bucket_steps(self.cache.slots)),
-            self.cache.slots,
-            len(bucket_steps(self.cache.max_len, length=True)),
-            self.cache.max_len,
-            ", with and without top-k/top-p" if filtering else "",
-        )
-        last_log = start
-        for i, key in enumerate(todo, 1):
-            self._graphs[key] = self._capture(*key, log=False)
-            now = time.perf_counter()
-            if now - last_log > 5.0 or i == len(todo):
-                logger.info("captured %d/%d decode graphs (%.1f s)", i, len(todo), now - start)
-                last_log = now
-        torch.cuda.synchronize(self.device)
+        n = self.graphs.capture_all(filtering, self._warm_prefill)
         for t in (self.cache.keys, self.cache.values):  # the warm-ups wrote into free slots
             t.zero_()
-        elapsed = time.perf_counter() - start
-        self._capture_s += elapsed
-        self._start_s += elapsed
-        self._start_graphs += len(todo)
-        self._graph_mb = (torch.cuda.memory_allocated(self.device) - before) / 2**20
-        logger.info(
-            "captured %d decode graphs at start in %.1f s (eager warm-up steps %.1f s); "
-            "they hold %.0f MiB of device memory",
-            len(todo),
-            elapsed,
-            self._warmup_s,
-            self._graph_mb,
-        )
-        return len(todo)
+        return n
 
     def _warm_prefill(self) -> None:
         """One prefill forward and sampling pass per kernel path (one row, and as many as fit
@@ -485,37 +425,6 @@ class StaticRunner(ModelRunner):
             logits = self.decoder.forward(self.cache, ids, pos, first_slot=0, key_len=width)
             for filtering in (False, True):
                 self._sample(logits, slice(0, n), filtering)
-
-    def _capture(
-        self, rows: int, key_len: int, filtering: bool, log: bool = True
-    ) -> tuple[Any, Any]:
-        """Capture ``_step`` for these buckets. The warm-up runs do the real step once on the
-        side stream, so the state they advance is put back before the capture."""
-        saved = [t.clone() for t in (self._tok, self._pos, self._draw)]
-        if self._side is None:
-            # one side stream for every capture: cuBLAS keeps a workspace per stream it runs
-            # on (a new stream per capture held ~17 MiB each: 1 GiB for 63 graphs on an H200)
-            self._side = torch.cuda.Stream()
-        side = self._side
-        start = time.perf_counter()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._step(rows, key_len, filtering)
-                for t, old in zip((self._tok, self._pos, self._draw), saved, strict=True):
-                    t.copy_(old)
-        side.synchronize()
-        self._warmup_s += time.perf_counter() - start
-        torch.cuda.current_stream().wait_stream(side)
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
-            out = self._step(rows, key_len, filtering)
-        self.stats["graphs_captured"] += 1
-        if log:
-            logger.info("captured the decode step: %d rows, %d positions", rows, key_len)
-        return graph, out
 
     def _filters(self, req: RunnerRequest) -> bool:
         p = req.params
