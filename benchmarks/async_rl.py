@@ -5,6 +5,7 @@
                                   [--sft-steps 250] [--latency-scale 1.0] [--smoke]
                                   [--modes sync,one_step_off,async] [--rollout-workers N]
                                   [--set KEY=VALUE ...] [--set-overlapped KEY=VALUE ...]
+                                  [--out DIR]
 
 Workloads: ``quickstart`` trains recipes/quickstart.yaml (arith/Calculator-v0: two turns, no
 tool latency); ``longtail`` trains recipes/async_longtail.yaml, the issue's workload: the same
@@ -15,6 +16,8 @@ wait per call p50 0.05 s / p90 0.2 s; ``--latency-scale`` multiplies the waits).
 
 ``--rollout-workers N`` runs every mode's rollouts in N Ray actors (``rollout_workers.num``)
 instead of the driver's event loop; ``--set`` passes a recipe override to every mode.
+``--out DIR`` keeps every run's folder (``metrics.jsonl`` with each step's phase timings) there
+instead of in a temporary folder removed at the end.
 
 Each mode trains for ``--steps`` RL steps of ``--batch-size`` groups (the same trained
 samples), in one invocation, one seed after another, all with the same rollout concurrency
@@ -44,6 +47,7 @@ met needs the ratio and async's reward (last 20%) within 2 standard errors of sy
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -200,6 +204,7 @@ def main() -> None:
         "settings, e.g. inference.num_threads=1 train.num_cpus=1 to give each side its own "
         "core where trainer and server share a CPU (sync keeps the recipe's)",
     )
+    p.add_argument("--out", type=Path, help="keep the runs here (default: a temporary folder)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     wanted = args.modes.split(",")
@@ -216,10 +221,11 @@ def main() -> None:
         if (m[0].split("=")[1] if m else "sync") in wanted
     ]
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="async_rl_") as tmp:
+    with contextlib.ExitStack() as stack:
+        out = args.out or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="async_rl_")))
         for seed in args.seeds:
             for mode in modes:
-                r = run_mode(args, Path(tmp), mode, seed)
+                r = run_mode(args, out, mode, seed)
                 results.append(r)
                 print(
                     json.dumps(
