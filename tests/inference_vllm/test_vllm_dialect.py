@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 
 import pytest
 import torch
@@ -103,6 +104,8 @@ def test_launcher_command_passes_flags_through() -> None:
     assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
     env = server.environment()
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_HOST_IP"] == "127.0.0.1"
+    assert env["VLLM_RPC_BASE_PATH"] == server.rpc_dir  # its own socket folder, made at start
+    assert not os.path.exists(server.rpc_dir)
     assert server.client_url == "vllm+http://127.0.0.1:8123"
 
 

@@ -80,8 +80,12 @@ def test_killed_vllm_server_rejoins_with_synced_weights(
         done = fleet.run(fleet.client.generate(PROMPT, sp))
         report = fleet.weight_sync.last_report[server.url]
         metrics = fleet.metrics()
+        # vLLM's ZeroMQ sockets, the killed server's and the new one's, are in a folder of
+        # the server's own (not loose in /tmp, where a killed server leaves them)
+        sockets = os.listdir(server.rpc_dir)
     finally:
         fleet.close()
+    assert sockets and not os.path.exists(server.rpc_dir)  # stop() removed the folder
     assert server.pid != first_pid and metrics["inference/server_restarts"] == 1.0
     assert report.ok and report.version == 1 and report.matched > 0
     assert done.server == server.url and done.weight_version == 1

@@ -46,9 +46,12 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,6 +287,12 @@ class VLLMServer(ServerProcess):
         super().__init__(cfg)
         self.client_url = "vllm+" + self.url
         """The url with its dialect prefix, for ``InferenceClient``."""
+        self.rpc_dir = os.path.join(
+            tempfile.gettempdir(), f"agentrl-vllm-rpc-{uuid.uuid4().hex[:12]}"
+        )
+        """vLLM's ZeroMQ sockets (``VLLM_RPC_BASE_PATH``): a folder of this server's own, made
+        at each start and removed by ``stop()``. vLLM's default is the temp folder itself,
+        where its sockets stay once it is killed (~35 files a CI run)."""
 
     def command(self) -> list[str]:
         return [
@@ -294,12 +303,18 @@ class VLLMServer(ServerProcess):
         ]
 
     def environment(self) -> dict[str, str]:
-        return server_env(vllm_env(), self.cfg.env)
+        return server_env(vllm_env(), {"VLLM_RPC_BASE_PATH": self.rpc_dir}, self.cfg.env)
+
+    def _popen(self) -> None:
+        os.makedirs(self.rpc_dir, exist_ok=True)  # a start after stop() makes it again
+        super()._popen()
 
     def stop(self) -> None:
-        """SIGTERM the server (it stops its engine processes), then SIGKILL what is left."""
+        """SIGTERM the server (it stops its engine processes), then SIGKILL what is left, and
+        remove its socket folder."""
         super().stop()
         self._kill_group()
+        shutil.rmtree(self.rpc_dir, ignore_errors=True)
 
     def kill(self) -> None:
         """SIGKILL the server and its engine/worker processes now."""
