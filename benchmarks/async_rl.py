@@ -3,6 +3,7 @@
     python benchmarks/async_rl.py [--workload quickstart|longtail] [--device cpu|cuda]
                                   [--steps 8] [--seeds 0 1] [--max-staleness 2] [--batch-size 4]
                                   [--sft-steps 250] [--latency-scale 1.0] [--smoke]
+                                  [--latency-p50 0.05 --latency-p90 0.2]
                                   [--modes sync,one_step_off,async] [--rollout-workers N]
                                   [--set KEY=VALUE ...] [--set-overlapped KEY=VALUE ...]
                                   [--out DIR]
@@ -11,7 +12,9 @@ Workloads: ``quickstart`` trains recipes/quickstart.yaml (arith/Calculator-v0: t
 tool latency); ``longtail`` trains recipes/async_longtail.yaml, the issue's workload: the same
 task as bench/LongTail-v0 (envs/longtail.py), where each task needs k calculator calls of
 latency_s each, both drawn per task from seeded long-tailed distributions (turns p50 3 / p90 6,
-wait per call p50 0.05 s / p90 0.2 s; ``--latency-scale`` multiplies the waits).
+wait per call p50 0.05 s / p90 0.2 s; ``--latency-scale`` multiplies the waits;
+``--latency-p50``/``--latency-p90`` set another shape, e.g. the per-call seconds measured on SWE
+episodes by ``scripts/swe_rollout_stats.py``, 0.024 / 0.5).
 ``--device cuda`` puts the trainer and the embedded server on the GPU (bfloat16).
 
 ``--rollout-workers N`` runs every mode's rollouts in N Ray actors (``rollout_workers.num``)
@@ -99,7 +102,10 @@ def _overrides(args: argparse.Namespace, out: Path, name: str, seed: int) -> lis
     ]
     if args.workload == "longtail":
         env = "bench/LongTail-v0"
-        kw = f"max_calls: {args.max_calls}, latency_scale: {args.latency_scale}"
+        kw = (
+            f"max_calls: {args.max_calls}, latency_scale: {args.latency_scale}, "
+            f"latency_p50: {args.latency_p50}, latency_p90: {args.latency_p90}"
+        )
         out_ += [f"data.envs=[{{id: {env}, kwargs: {{{kw}}}}}]"]
         out_ += [f"rollout.max_turns={args.max_calls + 2}"]
     if args.rollout_workers:
@@ -153,7 +159,11 @@ def simulated_tool_wait(args: argparse.Namespace, seed: int, cfg_steps: int) -> 
     from agentrl.env import make_env
 
     env = make_env(
-        "bench/LongTail-v0", max_calls=args.max_calls, latency_scale=args.latency_scale
+        "bench/LongTail-v0",
+        max_calls=args.max_calls,
+        latency_scale=args.latency_scale,
+        latency_p50=args.latency_p50,
+        latency_p90=args.latency_p90,
     ).unwrapped
     assert isinstance(env, LongTailEnv)
     total, task = 0.0, 0
@@ -180,6 +190,8 @@ def main() -> None:
     p.add_argument(
         "--latency-scale", type=float, default=1.0, help="longtail: multiplies each tool wait"
     )
+    p.add_argument("--latency-p50", type=float, default=0.05, help="longtail: median wait (s)")
+    p.add_argument("--latency-p90", type=float, default=0.2, help="longtail: p90 wait (s)")
     p.add_argument("--smoke", action="store_true", help="a 1-layer model, groups of 2: a check")
     p.add_argument("--modes", default=",".join(MODES), help="which of sync,one_step_off,async")
     p.add_argument(

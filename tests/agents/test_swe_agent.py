@@ -242,3 +242,23 @@ async def test_a_sed_demonstration_edits_by_line_number_and_solves_the_task(
             for action in actions:
                 _, reward, done, _, info = await env.astep(action)
             assert done and reward == 1.0, info["report"]
+
+
+async def test_swe_rollout_stats_times_each_oracle_call_and_the_grading(swe_sample: Any) -> None:
+    """scripts/swe_rollout_stats.py: one oracle episode's calls are timed one by one in the
+    episode's own sandbox, the last step (submit) is the grading, and the shapes it prints
+    are quantiles of what it timed."""
+    from agentrl.env import make_env
+    from tests.script_module import load_script
+
+    stats = load_script("swe_rollout_stats")
+    env = make_env(swe_sample().env_id, **swe_sample().env_kwargs).unwrapped
+    try:
+        calls, grade, n = await stats.episode(env, 0)
+    finally:
+        await env.aclose()
+    assert n == len(calls) == 2  # the failing tests' run, the editor's fix (then submit)
+    assert all(c > 0 for c in calls) and grade > 0
+    s = stats.shape([0.01, 0.02, 0.03, 0.5, 2.0])
+    assert (s["p50"], s["p90"], s["max"]) == (0.03, 2.0, 2.0)
+    assert s["lognormal_sigma"] > 0 and s["lognormal_p99"] > s["p90"]
