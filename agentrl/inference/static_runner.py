@@ -150,7 +150,7 @@ class StaticRunner(ModelRunner):
             decode_ms_per_step=1e3 * self._decode_s / max(self.stats["decode_steps"], 1),
             decode_s=self._decode_s,
             prefill_s=self._prefill_s,
-            **(self.graphs.info()),
+            **self.graphs.info(),
         )
         return out
 
