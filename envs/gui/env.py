@@ -39,6 +39,7 @@ Chromium's (a test checks); for machines where Chromium cannot run.
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -48,6 +49,7 @@ from agentrl.errors import ConfigError, EnvError
 from agentrl.splits import DEFAULT_EVAL_FRACTION, MAX_DRAWS, split_of
 from agentrl.types import Message
 from envs.gui.actions import HELP, Action, ActionError, parse_action
+from envs.gui.click_tasks import CLICK_SITES, CLICK_TASKS
 from envs.gui.marks import set_of_marks
 from envs.gui.tasks import SITES, TASKS, PlanStep, Site
 from envs.gui.tree import Node, find
@@ -64,7 +66,7 @@ class BrowserEnv(Env):
 
     def __init__(
         self,
-        task: str | None = None,
+        task: str | Sequence[str] | None = None,
         *,
         observe: Observe = "text",
         max_steps: int = 12,
@@ -83,15 +85,12 @@ class BrowserEnv(Env):
                 f"gui/Browser-v0: backend must be 'chromium' (a real browser) or 'pillow' "
                 f"(pages drawn without a browser, envs/gui/drawn.py), got {backend!r}"
             )
-        if backend == "pillow" and (task or "").startswith("miniwob/"):
+        tasks = _task_list(task)
+        miniwob = [t for t in tasks if t.startswith("miniwob/")]
+        if backend == "pillow" and miniwob:
             raise ConfigError(
-                f"gui/Browser-v0: {task!r} runs JavaScript, which the pillow backend does not; "
-                "use backend='chromium'"
-            )
-        if task is not None and task not in TASKS and not task.startswith("miniwob/"):
-            raise ConfigError(
-                f"gui/Browser-v0: unknown task {task!r}; expected one of {TASKS}, "
-                "'miniwob/<name>' (a MiniWoB++ task) or None"
+                f"gui/Browser-v0: {miniwob[0]!r} runs JavaScript, which the pillow backend does "
+                "not; use backend='chromium'"
             )
         if observe not in ("text", "screenshot", "both"):
             raise ConfigError(
@@ -105,6 +104,7 @@ class BrowserEnv(Env):
                 "observe to 'both' or 'screenshot', or leave marks off in text mode"
             )
         self.task = task
+        self.tasks = tasks  # drawn from per seed
         self.observe = observe
         self.max_steps = max_steps
         self.max_contexts = max_contexts
@@ -164,7 +164,7 @@ class BrowserEnv(Env):
         split = options.get("split")
         fraction = float(options.get("eval_fraction", DEFAULT_EVAL_FRACTION))
         for _ in range(MAX_DRAWS):
-            task = self.task or TASKS[int(self.np_random.integers(len(TASKS)))]
+            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
             site = make_site(task, self.np_random)
             if split is None or site.name == "miniwob":  # its content is known after it loads
                 return site
@@ -263,8 +263,29 @@ class BrowserEnv(Env):
             await self.areset(seed=seed, options=options)
 
 
+def _task_list(task: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The task types an env draws from: one, several (a list), or None (``TASKS``)."""
+    if task is None:
+        return TASKS
+    tasks = (task,) if isinstance(task, str) else tuple(task)
+    known = TASKS + CLICK_TASKS
+    bad = [
+        t
+        for t in tasks
+        if not isinstance(t, str) or (t not in known and not t.startswith("miniwob/"))
+    ]
+    if not tasks or bad:
+        raise ConfigError(
+            f"gui/Browser-v0: unknown task {bad[0] if bad else task!r}; expected one of {known}, "
+            "'miniwob/<name>' (a MiniWoB++ task), a list of these (one drawn per episode) or "
+            "None (one of the first five)"
+        )
+    return tasks
+
+
 def make_site(task: str, rng: np.random.Generator) -> Site:
-    """The site of ``task`` (one of ``TASKS``, or ``miniwob/<name>``) with content from ``rng``.
+    """The site of ``task`` (one of ``TASKS`` or ``CLICK_TASKS``, or ``miniwob/<name>``) with
+    content from ``rng``.
 
     Here rather than in ``tasks.py``: ``miniwob.py`` builds on ``tasks.py``, so only the env
     knows both."""
@@ -272,7 +293,7 @@ def make_site(task: str, rng: np.random.Generator) -> Site:
         from envs.gui.miniwob import MiniWoBSite
 
         return MiniWoBSite(task.removeprefix("miniwob/"), seed=int(rng.integers(2**31)))
-    return SITES[task](rng)
+    return {**SITES, **CLICK_SITES}[task](rng)
 
 
 def plan_action(step: PlanStep, nodes: list[Node]) -> Action:
