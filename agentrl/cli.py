@@ -63,18 +63,25 @@ def model_tiny(
     hidden_size: int = 64,
     num_layers: int = 2,
     seed: int = 0,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(help="A text file the tokenizer also learns merges from (your task's text)."),
+    ] = None,
 ) -> None:
     """Write a tiny randomly initialised causal LM (or VLM) and its tokenizer as an HF directory."""
     from agentrl.tiny import make_tiny_model
 
     if arch not in ("qwen2", "llama", "qwen2_vl"):
         raise ConfigError(f"--arch must be qwen2, llama or qwen2_vl, got {arch!r}")
+    if corpus is not None and not corpus.is_file():
+        raise ConfigError(f"--corpus {corpus}: no such file (expected a text file)")
     out = make_tiny_model(
         path,
         arch=arch,  # type: ignore[arg-type]  # checked above
         hidden_size=hidden_size,
         num_layers=num_layers,
         seed=seed,
+        corpus=corpus.read_text().splitlines() if corpus is not None else (),
     )
     typer.echo(str(out))
 

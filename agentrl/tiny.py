@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -110,11 +111,16 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int = 1024, *, vision: bool = False):  # type: ignore[no-untyped-def]
+def build_tokenizer(  # type: ignore[no-untyped-def]
+    vocab_size: int = 1024, *, vision: bool = False, corpus: Sequence[str] = ()
+):
     """Train a deterministic byte-level BPE tokenizer and wrap it as an HF fast tokenizer.
 
     ``vision`` adds Qwen2-VL's image tokens (after every other token, so the text ids do not
-    change) and the template that renders image parts."""
+    change) and the template that renders image parts. ``corpus`` is more text to learn merges
+    from (a task's own pages, say), after the built-in corpus: the built-in one is a few hundred
+    words, so the task's words otherwise split into single letters, which a pretrained
+    tokenizer would never do, and a small model then has to match and copy letter by letter."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -128,7 +134,7 @@ def build_tokenizer(vocab_size: int = 1024, *, vision: bool = False):  # type: i
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator([*_corpus(), *corpus], trainer=trainer)
     tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
     if vision:
         tok.add_special_tokens(
@@ -161,9 +167,11 @@ def make_tiny_model(
     chat_template: str | None = None,
     dtype: str = "float32",
     vision: TinyVision | None = None,
+    corpus: Sequence[str] = (),
 ) -> Path:
     """Write a randomly initialised tiny causal LM (or, ``arch="qwen2_vl"``, a vision-language
-    model with ``vision``'s image side) and its tokenizer as an HF directory."""
+    model with ``vision``'s image side) and its tokenizer as an HF directory; ``corpus``: more
+    text for the tokenizer (``build_tokenizer``)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -171,7 +179,7 @@ def make_tiny_model(
         raise ValueError(f"arch must be 'qwen2', 'llama' or 'qwen2_vl', got {arch!r}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size, vision=arch == "qwen2_vl")
+    tokenizer = build_tokenizer(vocab_size, vision=arch == "qwen2_vl", corpus=corpus)
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     n_vocab = len(tokenizer)

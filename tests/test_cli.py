@@ -189,6 +189,19 @@ def test_model_tiny_writes_a_vision_language_model_and_refuses_unknown_archs(tmp
     assert bad.returncode != 0 and "qwen2_vl" in bad.stderr
 
 
+def test_model_tiny_learns_merges_from_a_corpus_file(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    text = tmp_path / "corpus.txt"
+    text.write_text('[4] checkbox "wooden bicycle" unchecked\n' * 8)
+    out = _cli("model", "tiny", str(tmp_path / "m"), "--hidden-size", "32", "--corpus", str(text))
+    assert out.returncode == 0, out.stderr
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    assert tok.tokenize(" bicycle") == ["\u0120bicycle"]
+    missing = _cli("model", "tiny", str(tmp_path / "x"), "--corpus", str(tmp_path / "nope.txt"))
+    assert missing.returncode != 0 and "no such file" in missing.stderr
+
+
 def test_serve_passes_engine_flags_after_the_double_dash(tmp_path: Path) -> None:
     """`agentrl serve MODEL -- --engine dynamic` reaches the embedded server's own flags; an
     unknown one is refused by name (exit 2) before any model is loaded."""

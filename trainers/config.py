@@ -62,6 +62,11 @@ class TinyModelConfig:
     vocab_size: int = 1024
     seed: int | None = None
     """Seed of the random initialisation; None: the run's ``seed``."""
+    corpus_demos: int = 0
+    """Also train the tokenizer on the text of this many train-split oracle demonstrations
+    (the envs' own pages and actions), so the task's words are tokens, as in a pretrained
+    tokenizer, not single letters. 0: the built-in corpus only. Eval-split tasks never
+    contribute."""
 
 
 @dataclass(kw_only=True)

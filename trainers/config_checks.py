@@ -79,6 +79,11 @@ def _validate_shapes(cfg: RunConfig) -> None:
             "sft.prompt_loss_weight is built and tested for engine.backend=torch only; set it "
             "to 0 or train with the torch engine"
         )
+    if cfg.model.tiny.corpus_demos < 0:
+        raise ConfigError(
+            f"model.tiny.corpus_demos must be >= 0 (0: the tokenizer's built-in corpus only), "
+            f"got {cfg.model.tiny.corpus_demos}"
+        )
     if cfg.sft.steps and cfg.sft.batch_size < t.world_size:
         raise ConfigError(
             f"sft.batch_size ({cfg.sft.batch_size}) must be >= train.world_size ({t.world_size})"

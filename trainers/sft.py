@@ -202,6 +202,10 @@ def base_model(cfg: RunConfig) -> Path:
     path = cfg.run_dir / "base_model"
     if not (path / "config.json").is_file():
         t = cfg.model.tiny
+        corpus = [
+            "\n".join(m.text for m in c.messages)
+            for c in (demonstrations(cfg.data, t.corpus_demos) if t.corpus_demos else [])
+        ]
         make_tiny_model(
             path,
             arch=t.arch,  # type: ignore[arg-type]
@@ -213,6 +217,7 @@ def base_model(cfg: RunConfig) -> Path:
             vocab_size=t.vocab_size,
             seed=cfg.seed if t.seed is None else t.seed,
             dtype="float32",
+            corpus=corpus,
         )
     return path
 
