@@ -1,4 +1,4 @@
-"""``recipes/gui_gpu.yaml`` and ``recipes/gui_vision_gpu.yaml``, shrunk to CPU: the GPU recipes'
+"""``recipes/gui_gpu.yaml``, ``recipes/gui_click_gpu.yaml`` and ``recipes/gui_vision_gpu.yaml``, shrunk to CPU: the GPU recipes'
 path (pages drawn with ``backend: pillow``, no browser) through the real driver (Ray, the
 embedded server over HTTP, the torch engine). SFT on the oracle's demonstrations, then GRPO
 steps that are on-policy (ppo_kl = 0 in fp32), text mode and vision mode."""
@@ -22,6 +22,7 @@ CPU = [  # the GPU recipes on this machine, with the shrunk model of tests/gui/s
     "model.tiny.num_kv_heads=1",
     "engine.micro_batch_size=4",
     "inference.max_batch_size=8",
+    "model.tiny.corpus_demos=8",
     *SHRUNK,
 ]
 
@@ -42,6 +43,7 @@ def ray_local():  # type: ignore[no-untyped-def]
     "recipe",
     [
         "gui_gpu.yaml",
+        "gui_click_gpu.yaml",
         # CI's slow step skips it for time (~35 s): recipes/gui_vision.yaml's browser test
         # trains the same vision path on CPU; `pytest -m recipe` runs it.
         pytest.param("gui_vision_gpu.yaml", marks=pytest.mark.recipe),
