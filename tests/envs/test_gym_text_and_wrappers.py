@@ -8,9 +8,10 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-from agentrl.env import ENVS, Env, GymTextEnv, make_env, register_env
+from agentrl.env import ENVS, Env, make_env, register_env
 from agentrl.env_checker import check_env
 from agentrl.errors import ConfigError
+from agentrl.gym_text import GymTextEnv
 from agentrl.types import Message
 from agentrl.wrappers import MaxTurns, TimeLimit
 
