@@ -525,3 +525,20 @@ def make_env(id: str, **kwargs: Any) -> Env:
     env.spec = ENVS.env_spec(id, kwargs, nondeterministic=env.nondeterministic)
     steps = env.spec.max_episode_steps
     return env if steps is None else MaxTurns(env, steps)
+
+
+def __getattr__(name: str) -> object:
+    """Deprecated: ``GymTextEnv`` is imported from ``agentrl.gym_text`` (it builds on this
+    module, so this one does not import it); the old spelling resolves for one release, with a
+    DeprecationWarning."""
+    if name == "GymTextEnv":
+        import importlib
+        import warnings
+
+        warnings.warn(
+            "import GymTextEnv from agentrl.gym_text, not agentrl.env",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module("agentrl.gym_text").GymTextEnv
+    raise AttributeError(f"module 'agentrl.env' has no attribute {name!r}")

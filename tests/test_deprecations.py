@@ -36,6 +36,17 @@ def test_pool_from_the_sandbox_module_warns_and_resolves(name: str) -> None:
         _ = sandbox.NoSuchThing  # type: ignore[attr-defined]
 
 
+def test_gym_text_env_from_the_env_module_warns_and_resolves() -> None:
+    import agentrl.env as env
+    import agentrl.gym_text as gym_text
+
+    with pytest.warns(DeprecationWarning, match=r"agentrl\.gym_text"):
+        got = env.GymTextEnv  # type: ignore[attr-defined]
+    assert got is gym_text.GymTextEnv
+    with pytest.raises(AttributeError):
+        _ = env.NoSuchThing  # type: ignore[attr-defined]
+
+
 def test_the_inference_engine_is_the_model_runner() -> None:
     sys.modules.pop("agentrl.inference.engine", None)
     with pytest.warns(DeprecationWarning, match="ModelRunner"):
