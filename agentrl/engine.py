@@ -72,8 +72,10 @@ class EngineConfig:
     """Real-token budget per micro-batch (dynamic batch size); 0 uses micro_batch_size."""
     packed: bool = False
     """Padding-free forward: concatenate the rows of a micro-batch into one sequence."""
-    logprob_chunk_tokens: int = 1024
-    """Tokens per chunk when projecting hidden states to vocabulary logprobs (bounds memory)."""
+    logprob_chunk_tokens: int = 0
+    """Tokens per chunk when projecting hidden states to vocabulary logprobs (bounds memory).
+    0: by device (``trainers.engines.torch_model.projection_chunk``): 1,024 on CPU; on a GPU,
+    as many as keep one chunk's fp32 logits within 256 MiB, from 1,024 to 65,536."""
     gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
     seed: int = 0
@@ -95,6 +97,11 @@ class EngineConfig:
             raise ConfigError(
                 f"engine.lr_schedule={self.lr_schedule} needs engine.total_steps > 0 "
                 f"(got {self.total_steps}); set it to the run's optimizer steps"
+            )
+        if self.logprob_chunk_tokens < 0:
+            raise ConfigError(
+                f"engine.logprob_chunk_tokens must be >= 0 (0: chosen by device), got "
+                f"{self.logprob_chunk_tokens}"
             )
         if self.micro_batch_size < 1 and self.max_tokens_per_micro_batch < 1:
             raise ConfigError(

@@ -153,3 +153,12 @@ def test_server_overhead_headline_is_the_in_process_round_over_the_http_round(
     assert str(head["baseline"]).startswith("in-process StaticRunner")
     assert isinstance(head["ours"], float) and head["ours"] > 0
     assert isinstance(head["ratio"], float) and head["met"] == (head["ratio"] >= 0.5)
+
+
+def test_logprob_chunks_headline_is_the_old_chunk_over_the_device_chunk() -> None:
+    got = _headline(
+        "logprob_chunks.py", "--device", "cpu", "--groups", "1", "--group-size", "2",
+        "--repeats", "1",
+    )  # fmt: skip
+    assert "chunk 1024" in str(got["baseline"]) and "by device (1024)" in str(got["ours"])
+    assert got["goal"] == 0.9 and got["met"] == (float(got["ratio"]) >= 0.9)  # type: ignore[arg-type]

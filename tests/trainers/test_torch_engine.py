@@ -224,6 +224,21 @@ def test_lr_schedule_and_config_errors() -> None:
         TorchEngine(EngineConfig(model_path="/nonexistent", device="cpu")).initialize()
 
 
+def test_the_projection_chunk_is_chosen_by_device_unless_set(model_path: str) -> None:
+    from trainers.engines.torch_model import CPU_CHUNK_TOKENS, projection_chunk
+
+    assert projection_chunk(0, 1030, "cpu") == CPU_CHUNK_TOKENS
+    assert projection_chunk(0, 1000, "cuda") == 65536  # a tiny vocabulary: the cap
+    assert projection_chunk(0, 32768, "cuda") == 2048  # 256 MiB of fp32 logits
+    assert projection_chunk(0, 152064, "cuda") == 1024  # a large vocabulary: the floor
+    assert projection_chunk(300, 152064, "cuda") == projection_chunk(300, 10, "cpu") == 300
+    assert engine(model_path).scorer.chunk_tokens == CPU_CHUNK_TOKENS
+    assert engine(model_path, logprob_chunk_tokens=64).scorer.chunk_tokens == 64
+    assert engine(model_path, role="critic").scorer.chunk_tokens == CPU_CHUNK_TOKENS
+    with pytest.raises(ConfigError, match="logprob_chunk_tokens must be >= 0"):
+        TorchEngine(EngineConfig(model_path="x", logprob_chunk_tokens=-1))
+
+
 def test_ref_engine_does_not_train(model_path: str) -> None:
     ref = engine(model_path, role="ref")
     with pytest.raises(TrainingError, match="no optimizer"):

@@ -39,6 +39,7 @@ from trainers.engines.torch_model import (
     load_model,
     load_vision,
     plan_scoring,
+    projection_chunk,
     shard,
 )
 
@@ -150,10 +151,12 @@ class TorchEngine(Engine):
         torch.manual_seed(self.config.seed)
         model = load_model(self.config)
         self._vision = load_vision(self.config)
+        head = model.get_output_embeddings()  # type: ignore[operator]  # None for a critic
+        vocab = int(head.weight.shape[0]) if head is not None else 0
         self._scorer = Scorer(
             model,
             critic=self.config.role == "critic",
-            chunk_tokens=self.config.logprob_chunk_tokens,
+            chunk_tokens=projection_chunk(self.config.logprob_chunk_tokens, vocab, self.device),
             suppress=self._vision.special_ids if self._vision is not None else (),
         )
         if self.distributed:

@@ -48,7 +48,7 @@ from trainers.engines.megatron.model import (
 )
 from trainers.engines.megatron.optim import LeanStep, unsupported
 from trainers.engines.readback import HostCopy
-from trainers.engines.torch_model import DTYPES
+from trainers.engines.torch_model import DTYPES, projection_chunk
 from trainers.engines.torch_native import lr_factor, skip_metrics
 
 logger = logging.getLogger(__name__)
@@ -293,7 +293,11 @@ class MegatronEngine(Engine):
             temperature=temperature,
             with_entropy=with_entropy,
             true_vocab=self.shape.vocab_size,
-            chunk_tokens=self.config.logprob_chunk_tokens,
+            chunk_tokens=projection_chunk(
+                self.config.logprob_chunk_tokens,
+                self.shape.vocab_size // self.parallel.tensor_parallel_size,  # this rank's slice
+                self.device,
+            ),
             device=self.device,
             compile_backend=(
                 "inductor"
