@@ -103,8 +103,7 @@ class BrowserEnv(Env):
                 "gui/Browser-v0: marks=True draws on the screenshot the model sees; set "
                 "observe to 'both' or 'screenshot', or leave marks off in text mode"
             )
-        self.task = task
-        self.tasks = tasks  # drawn from per seed
+        self.task = task  # may be reassigned between episodes (benchmarks/gui.py does)
         self.observe = observe
         self.max_steps = max_steps
         self.max_contexts = max_contexts
@@ -163,8 +162,9 @@ class BrowserEnv(Env):
         work) until its content falls in that split (``agentrl.splits``)."""
         split = options.get("split")
         fraction = float(options.get("eval_fraction", DEFAULT_EVAL_FRACTION))
+        tasks = _task_list(self.task)
         for _ in range(MAX_DRAWS):
-            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+            task = tasks[int(self.np_random.integers(len(tasks)))]
             site = make_site(task, self.np_random)
             if split is None or site.name == "miniwob":  # its content is known after it loads
                 return site

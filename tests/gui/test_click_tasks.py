@@ -123,3 +123,13 @@ def test_unknown_tasks_in_a_list_are_config_errors() -> None:
         make_env("gui/Browser-v0", task=[], backend="pillow")
     with pytest.raises(ConfigError, match="runs JavaScript"):
         make_env("gui/Browser-v0", task=["open", "miniwob/click-button"], backend="pillow")
+
+
+async def test_a_task_set_between_episodes_is_the_next_ones() -> None:
+    env = BrowserEnv("open", backend="pillow", screenshots=False)
+    try:
+        assert (await env.areset(seed=1))[1]["task"] == "open"
+        env.task = ["press", "tick"]  # as benchmarks/gui.py sets it between sessions
+        assert {(await env.areset(seed=s))[1]["task"] for s in range(12)} == {"press", "tick"}
+    finally:
+        await env.aclose()
