@@ -44,6 +44,7 @@ def ray_local():  # type: ignore[no-untyped-def]
     [
         "gui_gpu.yaml",
         "gui_click_gpu.yaml",
+        "gui_click.yaml",  # the CPU click recipe: the same path, nothing GPU-only to shrink
         # CI's slow step skips it for time (~35 s): recipes/gui_vision.yaml's browser test
         # trains the same vision path on CPU; `pytest -m recipe` runs it.
         pytest.param("gui_vision_gpu.yaml", marks=pytest.mark.recipe),
