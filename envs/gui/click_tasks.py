@@ -43,8 +43,7 @@ class _ChoiceSite(Site):
         self.target = int(rng.integers(0, k))
 
     def _finish(self, ok: bool) -> None:
-        self.credit = max(self.credit, float(ok))
-        self.reward, self.done = (1.0 if ok else 0.0), True
+        self.reward, self.done = (1.0 if self._grade(ok) else 0.0), True
 
     def _index(self, value: str) -> int | None:
         try:
@@ -186,8 +185,7 @@ class MenuSite(Site):
             )
             title = self.sections[s]
             return page(title, nav + f"<h1>{html.escape(title)}</h1><ul>{rows}</ul>")
-        ok = s == self.section and i == self.target
-        self.credit = max(self.credit, 1.0 if ok else 0.5 * (s == self.section))
+        ok = self._grade(s == self.section, s == self.section and i == self.target)
         self.reward, self.done = (1.0 if ok else 0.0), True
         name = self.items[s][i]
         return page(name, nav + f"<h1>{html.escape(name)}</h1>")
