@@ -17,7 +17,10 @@ valid action, an action on a missing or disabled element, a key that does not ex
 that does not load in time: each becomes an observation the agent reads (and ``info["error"]``), never an exception. The site's checker sets the reward;
 the episode ends when the task is done (login accepted, result opened, form sent,
 order placed, settings saved) or after
-``max_steps`` actions (truncated). ``partial_credit=True`` pays an episode that did not
+``max_steps`` actions (truncated). ``ids="after"`` writes each element's id after its name (``button "Go" [7]``, not
+``[7] button "Go"``; ``envs/gui/tree.py``); ``quote_target=True`` makes the oracle's replies
+name the element before acting on it (``button "Go" [7]`` on a line of its own, then
+``click(7)``), a short reason for a model to imitate. ``partial_credit=True`` pays an episode that did not
 succeed the best share of the checker's conditions that one of its submissions met (the
 password right but not the username: 0.5; three of a form's four fields: 0.75), a denser
 signal for RL; ``info["success"]`` and the success rate stay all or nothing.
@@ -52,7 +55,7 @@ from envs.gui.actions import HELP, Action, ActionError, parse_action
 from envs.gui.click_tasks import CLICK_SITES, CLICK_TASKS
 from envs.gui.marks import set_of_marks
 from envs.gui.tasks import SITES, TASKS, PlanStep, Site
-from envs.gui.tree import Node, find
+from envs.gui.tree import ID_STYLES, IdStyle, Node, find, label, render, walk
 from envs.gui.view import SessionConfig
 
 Observe = Literal["text", "screenshot", "both"]
@@ -79,6 +82,8 @@ class BrowserEnv(Env):
         marks: bool = False,
         backend: Backend = "chromium",
         partial_credit: bool = False,
+        ids: IdStyle = "before",
+        quote_target: bool = False,
     ) -> None:
         if backend not in ("chromium", "pillow"):
             raise ConfigError(
@@ -95,6 +100,11 @@ class BrowserEnv(Env):
         if observe not in ("text", "screenshot", "both"):
             raise ConfigError(
                 f"gui/Browser-v0: observe must be text, screenshot or both, got {observe!r}"
+            )
+        if ids not in ID_STYLES:
+            raise ConfigError(
+                f"gui/Browser-v0: ids must be 'before' ('[7] button \"Go\"') or 'after' "
+                f"('button \"Go\" [7]'), got {ids!r}"
             )
         if max_steps < 1:
             raise ConfigError(f"gui/Browser-v0: max_steps must be >= 1, got {max_steps}")
@@ -118,6 +128,8 @@ class BrowserEnv(Env):
         )
         self.backend = backend
         self.partial_credit = partial_credit
+        self.ids = ids
+        self.quote_target = quote_target
         self.pool: Any
         if backend == "pillow":
             from envs.gui.drawn import DrawnPool
@@ -217,7 +229,7 @@ class BrowserEnv(Env):
             dialogs.clear()
         lines += [f"URL: {self.view.url}", f"Title: {self.view.title}"]
         if self.observe != "screenshot":
-            lines += ["Page:", self.view.tree or "(empty page)"]
+            lines += ["Page:", render(self.view.nodes, ids=self.ids) or "(empty page)"]
         text = "\n".join(lines)
         if self.observe == "text":
             return [Message(role="user", content=text)]
@@ -255,7 +267,12 @@ class BrowserEnv(Env):
             assert self.site is not None
             out: list[Message] = []
             for step in self.site.plan:
-                reply = Message(role="assistant", content=str(plan_action(step, self.view.nodes)))
+                action = plan_action(step, self.view.nodes)
+                text = str(action)
+                if self.quote_target and action.element is not None:
+                    node = next(n for n in walk(self.view.nodes) if n.id == action.element)
+                    text = f"{label(node, ids=self.ids)}\n{text}"
+                reply = Message(role="assistant", content=text)
                 obs, *_ = await self.astep(reply)
                 out += [reply, *obs]
             return out

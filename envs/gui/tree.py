@@ -3,6 +3,7 @@
     raw = await page.evaluate(SNAPSHOT_JS)      # envs/gui/session.py: every visible element
     nodes = prune(raw)                          # roles that matter, names, values, ids kept
     text = render(nodes)                        # '[7] textbox "Username" value="al"' ...
+    text = render(nodes, ids="after")           # 'textbox "Username" [7] value="al"' ...
 
 The raw tree comes from ``SNAPSHOT_JS`` (``envs/gui/snapshot.js``), which walks the DOM and
 gives each element a role (its ARIA ``role``, the implicit role of its tag, or ``clickable``
@@ -18,7 +19,7 @@ lifts the children of anonymous containers to their parent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 INTERACTIVE = frozenset(
     {
@@ -59,6 +60,8 @@ STRUCTURAL = frozenset(
     }
 )
 MAX_NAME = 80
+IdStyle = Literal["before", "after"]
+ID_STYLES: tuple[IdStyle, ...] = ("before", "after")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -123,17 +126,25 @@ def _prune(raw: dict[str, Any]) -> list[Node]:
     return children  # an anonymous container: its children take its place
 
 
-def render(nodes: list[Node], indent: int = 0) -> str:
-    """One line per node, children indented: ``[id] role "name" value="..." checked``."""
+def render(nodes: list[Node], indent: int = 0, *, ids: IdStyle = "before") -> str:
+    """One line per node, children indented: ``[id] role "name" value="..." checked``.
+
+    ``ids="after"`` writes the id after the name, ``role "name" [id] value="..." checked``
+    (the order of Playwright's ARIA snapshots, ``link "Home" [ref=e3]``): a language model
+    that finds the named element can then copy the id that follows the name, the in-context
+    copy that transformers learn first (an induction head), instead of looking back for
+    the id in front of it."""
     lines: list[str] = []
     for n in nodes:
         pad = "  " * indent
         if n.role == "text":
             lines.append(f'{pad}"{n.name}"')
         else:
-            parts = [f"[{n.id}] {n.role}"]
+            parts = [f"[{n.id}] {n.role}"] if ids == "before" else [n.role]
             if n.name:
                 parts.append(f'"{n.name}"')
+            if ids == "after":
+                parts.append(f"[{n.id}]")
             if n.value is not None:
                 parts.append(f'value="{_clip(n.value)}"')
             if n.checked is not None:
@@ -144,8 +155,14 @@ def render(nodes: list[Node], indent: int = 0) -> str:
                 parts.append("focused")
             lines.append(pad + " ".join(parts))
         if n.children:
-            lines.append(render(n.children, indent + 1))
+            lines.append(render(n.children, indent + 1, ids=ids))
     return "\n".join(line for line in lines if line)
+
+
+def label(node: Node, *, ids: IdStyle = "before") -> str:
+    """How ``render`` names the node, without its value and states: ``[7] button "Go"``
+    (``ids="after"``: ``button "Go" [7]``)."""
+    return render([Node(id=node.id, role=node.role, name=node.name)], ids=ids)
 
 
 def walk(nodes: list[Node]) -> list[Node]:

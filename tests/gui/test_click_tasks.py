@@ -133,3 +133,37 @@ async def test_a_task_set_between_episodes_is_the_next_ones() -> None:
         assert {(await env.areset(seed=s))[1]["task"] for s in range(12)} == {"press", "tick"}
     finally:
         await env.aclose()
+
+
+async def test_ids_after_names_and_quoted_targets_still_solve_every_task() -> None:
+    """With ``ids="after"`` the tree writes ``link "small clock" [3]``; with
+    ``quote_target`` each oracle reply names its element on the line before the action, and
+    the action parsed from that reply is the one that solves the task."""
+    env = BrowserEnv(
+        list(CLICK_TASKS), backend="pillow", screenshots=False, ids="after", quote_target=True
+    )
+    try:
+        for seed in range(5):
+            obs, _ = await env.areset(seed=seed)
+            demo = await env.ademonstration()
+            assert demo is not None
+            page = obs[0].text.split("Page:\n", 1)[1]
+            assert 'link "' in page or 'button "' in page or 'radio "' in page or "box" in page
+            assert all(not line.lstrip().startswith("[") for line in page.splitlines())
+            for m in demo:
+                if m.role == "user":
+                    page = m.text.split("Page:\n", 1)[1]
+                    continue
+                quote, action = m.text.splitlines()
+                element = action.removeprefix("click(").removesuffix(")")
+                assert quote.endswith(f" [{element}]"), m.text
+                assert any(line.strip().startswith(quote) for line in page.splitlines())
+                _, reward, terminated, _, info = await env.astep(m)
+            assert (reward, terminated, info["success"]) == (1.0, True, True)
+    finally:
+        await env.aclose()
+
+
+def test_an_unknown_id_style_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="ids must be 'before'"):
+        BrowserEnv("open", backend="pillow", ids="inside")  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.gui.tree import find, prune, render, walk
+from envs.gui.tree import find, label, prune, render, walk
 
 
 def el(
@@ -84,3 +84,27 @@ def test_ids_come_from_the_page_and_find_locates_by_role_and_name() -> None:
 
 def test_empty_page_renders_nothing() -> None:
     assert render(prune(el("", ""))) == ""
+
+
+def test_ids_after_names_keep_every_line_and_state() -> None:
+    nodes = prune(SNAPSHOT)
+    assert render(nodes, ids="after").splitlines() == [
+        'heading "Sign in" [1]',
+        "form [2]",
+        '  textbox "Username" [4] value="mi"',
+        '  checkbox "Remember me" [6] unchecked',
+        '  button "Sign in" [7] focused',
+        '  button "Later" [10] disabled',
+        "paragraph [11]",
+        '  "Trouble?"',
+        '  link "Forgot password?" [12]',
+        'paragraph "' + ("A " * 60)[:77] + '..." [13]',
+        '"loose text"',
+    ]
+
+
+def test_a_label_names_the_element_as_its_line_does_without_states() -> None:
+    box = find(prune(SNAPSHOT), "checkbox", "Remember")
+    assert box is not None
+    assert label(box) == '[6] checkbox "Remember me"'
+    assert label(box, ids="after") == 'checkbox "Remember me" [6]'
