@@ -37,6 +37,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,7 @@ def copy_rows(n: int, vocab: int, rng: random.Random) -> list[Row]:
     return out
 
 
-def tensors(rows: list[Row], device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def tensors(rows: Sequence[Row], device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     width = max(len(r[1]) for r in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros(len(rows), width)
@@ -130,7 +131,7 @@ def tensors(rows: list[Row], device: str) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 def loss_and_exact(
-    model: Any, rows: list[Row], device: str, prompt_weight: float = 0.0
+    model: Any, rows: Sequence[Row], device: str, prompt_weight: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean reply-token cross-entropy (+ prompt_weight x the other tokens'), and per row
     whether every reply token is the model's greedy choice."""
@@ -147,7 +148,7 @@ def loss_and_exact(
     return loss, wrong == 0
 
 
-def evaluate(model: Any, rows: list[Row], device: str) -> dict[str, float]:
+def evaluate(model: Any, rows: Sequence[Row], device: str) -> dict[str, float]:
     model.eval()
     with torch.no_grad():
         exact = torch.cat(
@@ -167,7 +168,7 @@ def train(
     steps: int,
     args: argparse.Namespace,
     vocab: int,
-    held_out: list[Row] = (),  # type: ignore[assignment]
+    held_out: Sequence[Row] = (),
 ) -> float:
     """``steps`` AdamW steps on ``rows`` (None: copy rows), printing a JSON line on
     ``held_out`` every ``args.every`` steps; the last loss."""

@@ -17,10 +17,10 @@ valid action, an action on a missing or disabled element, a key that does not ex
 that does not load in time: each becomes an observation the agent reads (and ``info["error"]``), never an exception. The site's checker sets the reward;
 the episode ends when the task is done (login accepted, result opened, form sent,
 order placed, settings saved) or after
-``max_steps`` actions (truncated). ``ids="after"`` writes each element's id after its name (``button "Go" [7]``, not
-``[7] button "Go"``; ``envs/gui/tree.py``); ``quote_target=True`` makes the oracle's replies
-name the element before acting on it (``button "Go" [7]`` on a line of its own, then
-``click(7)``), a short reason for a model to imitate. ``partial_credit=True`` pays an episode that did not
+``max_steps`` actions (truncated). ``ids="after"`` writes each element's id after its name
+(``button "Go" [7]``, not ``[7] button "Go"``; ``envs/gui/tree.py``); ``quote_target=True``
+makes the oracle's replies name the element before acting on it (``button "Go" [7]`` on a
+line of its own, then ``click(7)``). ``partial_credit=True`` pays an episode that did not
 succeed the best share of the checker's conditions that one of its submissions met (the
 password right but not the username: 0.5; three of a form's four fields: 0.75), a denser
 signal for RL; ``info["success"]`` and the success rate stay all or nothing.
@@ -55,7 +55,7 @@ from envs.gui.actions import HELP, Action, ActionError, parse_action
 from envs.gui.click_tasks import CLICK_SITES, CLICK_TASKS
 from envs.gui.marks import set_of_marks
 from envs.gui.tasks import SITES, TASKS, PlanStep, Site
-from envs.gui.tree import ID_STYLES, IdStyle, Node, find, label, render, walk
+from envs.gui.tree import ID_STYLES, IdStyle, Node, find, label, render
 from envs.gui.view import SessionConfig
 
 Observe = Literal["text", "screenshot", "both"]
@@ -267,10 +267,9 @@ class BrowserEnv(Env):
             assert self.site is not None
             out: list[Message] = []
             for step in self.site.plan:
-                action = plan_action(step, self.view.nodes)
-                text = str(action)
-                if self.quote_target and action.element is not None:
-                    node = next(n for n in walk(self.view.nodes) if n.id == action.element)
+                node = plan_target(step, self.view.nodes)
+                text = str(plan_action(step, self.view.nodes, node))
+                if self.quote_target:
                     text = f"{label(node, ids=self.ids)}\n{text}"
                 reply = Message(role="assistant", content=text)
                 obs, *_ = await self.astep(reply)
@@ -313,11 +312,18 @@ def make_site(task: str, rng: np.random.Generator) -> Site:
     return {**SITES, **CLICK_SITES}[task](rng)
 
 
-def plan_action(step: PlanStep, nodes: list[Node]) -> Action:
-    """The action doing one plan step on the page whose tree is ``nodes`` (a scripted policy)."""
+def plan_target(step: PlanStep, nodes: list[Node]) -> Node:
+    """The element one plan step acts on, in the page whose tree is ``nodes``."""
     node = find(nodes, step.role, step.name)
     if node is None or node.id is None:
         raise LookupError(f"no {step.role} named {step.name!r} on the page")
+    return node
+
+
+def plan_action(step: PlanStep, nodes: list[Node], node: Node | None = None) -> Action:
+    """The action doing one plan step on the page whose tree is ``nodes`` (a scripted policy);
+    ``node``: its target, when the caller has found it already (``plan_target``)."""
+    node = node or plan_target(step, nodes)
     if step.verb == "click":
         return Action(kind="click", element=node.id)
     if step.verb == "type":

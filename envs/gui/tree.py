@@ -130,10 +130,9 @@ def render(nodes: list[Node], indent: int = 0, *, ids: IdStyle = "before") -> st
     """One line per node, children indented: ``[id] role "name" value="..." checked``.
 
     ``ids="after"`` writes the id after the name, ``role "name" [id] value="..." checked``
-    (the order of Playwright's ARIA snapshots, ``link "Home" [ref=e3]``): a language model
-    that finds the named element can then copy the id that follows the name, the in-context
-    copy that transformers learn first (an induction head), instead of looking back for
-    the id in front of it."""
+    (the order of Playwright's ARIA snapshots, ``link "Home" [ref=e3]``), so a model that
+    finds the named element can copy the id that follows the name instead of looking back
+    for the one in front of it (measured on CPU: no sooner learnt, docs/guides/gui.md)."""
     lines: list[str] = []
     for n in nodes:
         pad = "  " * indent
